@@ -1,0 +1,28 @@
+//! kvsteer's proxy-wasm HTTP filter for Envoy.
+//!
+//! A request's way through the filter, module by module:
+//! [`admission`] (headers: strip, buffer or pass) → [`openai`] (body →
+//! `PickRequest`) → the indexer's `Pick` over gRPC → [`pick`] (answer →
+//! destination header, new body or local reply) → Envoy's override_host load
+//! balancer → the worker → [`report`] and [`usage`] (first token, done or
+//! cancelled back to the indexer). Whatever goes wrong, the request goes on
+//! untouched to Envoy's fallback load balancing and a [`metrics`] counter says
+//! why.
+//!
+//! Everything but `host/` is plain Rust tested on the host target; `host/` is
+//! the thin glue to the proxy-wasm ABI and never panics on its own account.
+#![forbid(unsafe_code)]
+
+pub mod admission;
+pub mod config;
+mod host;
+pub mod metrics;
+pub mod openai;
+pub mod pick;
+pub mod report;
+pub mod usage;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
+    proxy_wasm::set_root_context(|_context_id| Box::<host::root::KvsteerRoot>::default());
+}}

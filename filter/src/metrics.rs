@@ -1,0 +1,156 @@
+//! The filter's counters, by name. The host glue defines each one once per VM
+//! (`define_metric`) and increments it by index.
+//!
+//! Envoy prefixes wasm metrics with `wasmcustom.`; the shipped Envoy configs
+//! turn the last segment of `kvsteer_filter_failopen.<reason>` into a
+//! `reason` tag, so Prometheus sees
+//! `envoy_wasmcustom_kvsteer_filter_failopen{reason="timeout"}`.
+
+/// Why a steerable request went on to Envoy's fallback load balancing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailOpenReason {
+    /// The `Pick` call hit its deadline.
+    Timeout,
+    /// The `Pick` call ended with another gRPC error (indexer down, ...).
+    GrpcError,
+    /// Envoy refused to start the `Pick` call (unknown cluster, ...).
+    DispatchFailed,
+    /// The indexer's answer did not decode or made no sense.
+    BadAnswer,
+    /// The indexer had no opinion (no endpoints).
+    NoEndpoints,
+    /// The body is not JSON or not an OpenAI request.
+    MalformedBody,
+    /// The content type is not JSON.
+    NotJson,
+    /// The body is larger than `max_body_bytes`.
+    BodyTooLarge,
+    /// The request's framing was odd (bad content-length, trailers).
+    BadRequest,
+    /// A host call failed (header or body unavailable).
+    HostError,
+}
+
+/// Every counter the filter keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Counter {
+    /// Requests whose destination the indexer chose.
+    Steered,
+    /// Requests the indexer rejected with a local reply.
+    Rejected,
+    FailOpen(FailOpenReason),
+    /// Reports dispatched.
+    ReportSent,
+    /// Reports that could not be dispatched or came back with an error.
+    ReportFailed,
+}
+
+// === impl FailOpenReason ===
+
+impl FailOpenReason {
+    pub const ALL: [Self; 10] = [
+        Self::Timeout,
+        Self::GrpcError,
+        Self::DispatchFailed,
+        Self::BadAnswer,
+        Self::NoEndpoints,
+        Self::MalformedBody,
+        Self::NotJson,
+        Self::BodyTooLarge,
+        Self::BadRequest,
+        Self::HostError,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::GrpcError => "grpc_error",
+            Self::DispatchFailed => "dispatch_failed",
+            Self::BadAnswer => "bad_answer",
+            Self::NoEndpoints => "no_endpoints",
+            Self::MalformedBody => "malformed_body",
+            Self::NotJson => "not_json",
+            Self::BodyTooLarge => "body_too_large",
+            Self::BadRequest => "bad_request",
+            Self::HostError => "host_error",
+        }
+    }
+}
+
+// === impl Counter ===
+
+impl Counter {
+    pub const COUNT: usize = 4 + FailOpenReason::ALL.len();
+
+    /// All counters, in index order.
+    pub fn all() -> impl Iterator<Item = Self> {
+        [
+            Self::Steered,
+            Self::Rejected,
+            Self::ReportSent,
+            Self::ReportFailed,
+        ]
+        .into_iter()
+        .chain(FailOpenReason::ALL.into_iter().map(Self::FailOpen))
+    }
+
+    /// Dense index into a table of `COUNT` metric ids.
+    pub fn index(self) -> usize {
+        match self {
+            Self::Steered => 0,
+            Self::Rejected => 1,
+            Self::ReportSent => 2,
+            Self::ReportFailed => 3,
+            Self::FailOpen(reason) => {
+                4 + FailOpenReason::ALL
+                    .iter()
+                    .position(|r| *r == reason)
+                    .unwrap_or_default()
+            }
+        }
+    }
+
+    /// The metric name handed to `define_metric`.
+    pub fn name(self) -> String {
+        match self {
+            Self::Steered => "kvsteer_filter_steered".to_owned(),
+            Self::Rejected => "kvsteer_filter_rejected".to_owned(),
+            Self::ReportSent => "kvsteer_filter_report_sent".to_owned(),
+            Self::ReportFailed => "kvsteer_filter_report_failed".to_owned(),
+            Self::FailOpen(reason) => format!("kvsteer_filter_failopen.{}", reason.as_str()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn indexes_are_dense_and_names_unique() {
+        let all: Vec<Counter> = Counter::all().collect();
+        assert_eq!(all.len(), Counter::COUNT);
+        for (i, counter) in all.iter().enumerate() {
+            assert_eq!(counter.index(), i, "{counter:?}");
+        }
+        let names: HashSet<String> = all.iter().map(|c| c.name()).collect();
+        assert_eq!(names.len(), Counter::COUNT);
+        assert_eq!(
+            Counter::FailOpen(FailOpenReason::Timeout).name(),
+            "kvsteer_filter_failopen.timeout"
+        );
+    }
+
+    #[test]
+    fn names_are_plain_stat_segments() {
+        for counter in Counter::all() {
+            let name = counter.name();
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b == b'_' || b == b'.'),
+                "{name}"
+            );
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! The indexer's `PickResponse` (wire format) → what the filter does with the
+//! paused request: steer it, answer it locally, or let it go untouched.
+
+use std::net::SocketAddr;
+
+use kvsteer_proto::v1::{PickResponse, Rejection};
+use prost::Message;
+use serde_json::json;
+
+use crate::metrics::FailOpenReason;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PickOutcome {
+    /// Forward the request upstream.
+    Forward {
+        /// Value for the destination header (`ip:port[,ip:port…]`); `None`
+        /// leaves the choice to Envoy's fallback load balancing.
+        destination: Option<String>,
+        /// New request body, when the indexer rewrote it.
+        replacement_body: Option<Vec<u8>>,
+    },
+    /// Answer the client with this local reply; nothing goes upstream.
+    Reject { status: u32, body: Vec<u8> },
+    /// The answer was unusable; forward the request untouched.
+    FailOpen(FailOpenReason),
+}
+
+/// Decodes and interprets the indexer's answer.
+pub fn decide(answer: &[u8]) -> PickOutcome {
+    match PickResponse::decode(answer) {
+        Ok(response) => outcome(response),
+        Err(_) => PickOutcome::FailOpen(FailOpenReason::BadAnswer),
+    }
+}
+
+fn outcome(response: PickResponse) -> PickOutcome {
+    if let Some(rejection) = response.rejection {
+        return match rejection_reply(&rejection) {
+            Some((status, body)) => PickOutcome::Reject { status, body },
+            None => PickOutcome::FailOpen(FailOpenReason::BadAnswer),
+        };
+    }
+    // Invalid entries are dropped: Envoy's override_host would skip them anyway.
+    let endpoints: Vec<&str> = response
+        .endpoints
+        .iter()
+        .map(|e| e.trim())
+        .filter(|e| e.parse::<SocketAddr>().is_ok())
+        .collect();
+    PickOutcome::Forward {
+        destination: (!endpoints.is_empty()).then(|| endpoints.join(",")),
+        replacement_body: response.replacement_body,
+    }
+}
+
+/// Status and OpenAI error JSON of a local reply; `None` when the status is not
+/// a client or server error.
+pub fn rejection_reply(rejection: &Rejection) -> Option<(u32, Vec<u8>)> {
+    let status = rejection.status;
+    if !(400..=599).contains(&status) {
+        return None;
+    }
+    let error_type = if rejection.error_type.is_empty() {
+        default_error_type(status)
+    } else {
+        rejection.error_type.as_str()
+    };
+    let message = if rejection.message.is_empty() {
+        "request rejected by the router"
+    } else {
+        rejection.message.as_str()
+    };
+    let body = json!({
+        "error": {
+            "message": message,
+            "type": error_type,
+            "param": null,
+            "code": status,
+        }
+    });
+    Some((status, body.to_string().into_bytes()))
+}
+
+fn default_error_type(status: u32) -> &'static str {
+    match status {
+        429 => "rate_limit_error",
+        400..=499 => "invalid_request_error",
+        _ => "server_error",
+    }
+}
+
+/// Why a `Pick` call that ended with a non-OK gRPC status failed. Envoy
+/// reports its own deadline as UNAVAILABLE (from the HTTP 504 of its async
+/// client), so a failure that arrives near the deadline counts as a timeout
+/// too. (Envoy 1.40 was seen reporting a 200 ms deadline after 197.9 ms of
+/// wasm clock: the two clocks differ slightly.)
+pub fn call_failure(grpc_status: u32, elapsed_ms: f64, timeout_ms: u64) -> FailOpenReason {
+    const DEADLINE_EXCEEDED: u32 = 4;
+    if grpc_status == DEADLINE_EXCEEDED || elapsed_ms >= 0.9 * timeout_ms as f64 {
+        FailOpenReason::Timeout
+    } else {
+        FailOpenReason::GrpcError
+    }
+}
+
+/// Headers to set on the request after its body was replaced.
+pub fn replaced_body_headers(new_len: usize) -> [(&'static str, String); 1] {
+    [("content-length", new_len.to_string())]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvsteer_proto::v1::Decision;
+
+    fn encode(response: PickResponse) -> Vec<u8> {
+        response.encode_to_vec()
+    }
+
+    fn endpoints(list: &[&str]) -> PickResponse {
+        PickResponse {
+            endpoints: list.iter().map(|e| (*e).to_owned()).collect(),
+            decision: Some(Decision {
+                policy: "ttft".into(),
+                ..Decision::default()
+            }),
+            ..PickResponse::default()
+        }
+    }
+
+    #[test]
+    fn endpoints_become_the_ordered_header_value() {
+        let outcome = decide(&encode(endpoints(&[
+            "10.0.0.2:8000",
+            "10.0.0.1:8000",
+            "[::1]:9",
+        ])));
+        assert_eq!(
+            outcome,
+            PickOutcome::Forward {
+                destination: Some("10.0.0.2:8000,10.0.0.1:8000,[::1]:9".into()),
+                replacement_body: None,
+            }
+        );
+    }
+
+    #[test]
+    fn invalid_endpoints_are_dropped_and_none_left_means_no_opinion() {
+        let outcome = decide(&encode(endpoints(&[
+            "worker-1",
+            " 10.0.0.1:80 ",
+            "1.2.3.4:80,5.6.7.8:80",
+        ])));
+        assert_eq!(
+            outcome,
+            PickOutcome::Forward {
+                destination: Some("10.0.0.1:80".into()),
+                replacement_body: None,
+            }
+        );
+        for answer in [endpoints(&[]), endpoints(&["", "host:port"])] {
+            assert_eq!(
+                decide(&encode(answer)),
+                PickOutcome::Forward {
+                    destination: None,
+                    replacement_body: None,
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn replacement_body_is_passed_on_with_its_length() {
+        let mut answer = endpoints(&["127.0.0.1:8001"]);
+        answer.replacement_body = Some(b"{\"prompt\":[1,2]}".to_vec());
+        let PickOutcome::Forward {
+            replacement_body: Some(body),
+            ..
+        } = decide(&encode(answer))
+        else {
+            panic!("expected a replacement body");
+        };
+        assert_eq!(body, b"{\"prompt\":[1,2]}");
+        assert_eq!(
+            replaced_body_headers(body.len()),
+            [("content-length", "16".to_owned())]
+        );
+    }
+
+    #[test]
+    fn rejection_becomes_an_openai_error_reply() {
+        let mut answer = endpoints(&["127.0.0.1:8001"]);
+        answer.rejection = Some(Rejection {
+            status: 429,
+            message: "tenant over quota".into(),
+            error_type: String::new(),
+        });
+        let PickOutcome::Reject { status, body } = decide(&encode(answer)) else {
+            panic!("expected a rejection");
+        };
+        assert_eq!(status, 429);
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            json,
+            json!({"error": {"message": "tenant over quota", "type": "rate_limit_error",
+                "param": null, "code": 429}})
+        );
+        assert_eq!(
+            serde_json::to_string(
+                &json["error"]
+                    .as_object()
+                    .unwrap()
+                    .keys()
+                    .collect::<Vec<_>>()
+            )
+            .unwrap(),
+            r#"["message","type","param","code"]"#
+        );
+    }
+
+    #[test]
+    fn rejection_fields_and_defaults() {
+        let reply = |status, message: &str, error_type: &str| {
+            rejection_reply(&Rejection {
+                status,
+                message: message.into(),
+                error_type: error_type.into(),
+            })
+            .map(|(s, b)| (s, serde_json::from_slice::<serde_json::Value>(&b).unwrap()))
+        };
+        let (_, json) = reply(400, "", "").unwrap();
+        assert_eq!(json["error"]["type"], "invalid_request_error");
+        assert_eq!(json["error"]["message"], "request rejected by the router");
+        let (_, json) = reply(503, "busy", "overloaded").unwrap();
+        assert_eq!(json["error"]["type"], "overloaded");
+        assert_eq!(
+            reply(503, "", "").unwrap().1["error"]["type"],
+            "server_error"
+        );
+        assert_eq!(reply(200, "x", ""), None);
+        assert_eq!(reply(0, "x", ""), None);
+        assert_eq!(reply(600, "x", ""), None);
+    }
+
+    #[test]
+    fn failures_at_the_deadline_are_timeouts() {
+        assert_eq!(call_failure(4, 3.0, 200), FailOpenReason::Timeout);
+        assert_eq!(call_failure(14, 200.4, 200), FailOpenReason::Timeout);
+        assert_eq!(call_failure(14, 197.9, 200), FailOpenReason::Timeout);
+        assert_eq!(call_failure(14, 170.0, 200), FailOpenReason::GrpcError);
+        assert_eq!(call_failure(14, 2.0, 200), FailOpenReason::GrpcError);
+        assert_eq!(call_failure(2, 0.0, 200), FailOpenReason::GrpcError);
+    }
+
+    #[test]
+    fn a_bad_rejection_or_undecodable_answer_fails_open() {
+        let mut answer = endpoints(&["127.0.0.1:8001"]);
+        answer.rejection = Some(Rejection {
+            status: 0,
+            ..Rejection::default()
+        });
+        assert_eq!(
+            decide(&encode(answer)),
+            PickOutcome::FailOpen(FailOpenReason::BadAnswer)
+        );
+        assert_eq!(
+            decide(&[0xff, 0xff, 0xff]),
+            PickOutcome::FailOpen(FailOpenReason::BadAnswer)
+        );
+        // An empty message is a valid, empty answer: no opinion.
+        assert_eq!(
+            decide(&[]),
+            PickOutcome::Forward {
+                destination: None,
+                replacement_body: None
+            }
+        );
+    }
+}

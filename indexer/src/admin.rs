@@ -1,0 +1,169 @@
+//! Admin HTTP (axum): `/metrics`, `/healthz`, `/readyz`, `/debug/workers`,
+//! `/debug/score` (a dry-run pick of an OpenAI body).
+
+use crate::{
+    index::Index,
+    picker::{Mode, PickInput, Picker},
+    prompt::Prompt,
+    workers::Workers,
+};
+use axum::{
+    Json, Router,
+    body::Bytes,
+    extract::State,
+    http::{HeaderMap, StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use kvsteer_tokenize::{ChatRequest, CompletionPrompt};
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+#[derive(Clone)]
+pub struct AdminState {
+    pub picker: Arc<Picker>,
+    pub workers: Arc<Workers>,
+    pub index: Index,
+    pub registry: Arc<Registry>,
+    pub tenant_header: String,
+}
+
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/debug/workers", get(workers))
+        .route("/debug/score", post(score))
+        .with_state(state)
+}
+
+async fn metrics(State(s): State<AdminState>) -> Response {
+    s.picker.metrics.index_entries.set(s.index.entries() as i64);
+    let mut out = String::new();
+    match prometheus_client::encoding::text::encode(&mut out, &s.registry) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            out,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
+    if s.workers.any_live() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no live event stream yet\n",
+        )
+    }
+}
+
+async fn workers(State(s): State<AdminState>) -> Json<Value> {
+    let loads = s.picker.load.snapshot();
+    let down_after = s.picker.down_after();
+    let list: Vec<Value> = s
+        .workers
+        .iter()
+        .map(|w| {
+            let l = loads.get(w.id as usize).copied().unwrap_or_default();
+            let h = w.health.get();
+            json!({
+                "name": w.cfg.name,
+                "endpoint": w.cfg.endpoint,
+                "model": w.cfg.model,
+                "stream": {
+                    "state": w.stream.state().as_str(),
+                    "last_seq": w.stream.last_seq(),
+                    "batches": w.stream.batches.load(std::sync::atomic::Ordering::Relaxed),
+                    "gaps": w.stream.gaps.load(std::sync::atomic::Ordering::Relaxed),
+                    "replayed": w.stream.replayed.load(std::sync::atomic::Ordering::Relaxed),
+                    "resets": w.stream.resets.load(std::sync::atomic::Ordering::Relaxed),
+                },
+                "indexed_blocks": s.index.worker_blocks(w.id),
+                "in_flight": l.in_flight,
+                "unprefilled_tokens": l.unprefilled_tokens,
+                "decoding": l.decoding,
+                "up": w.cfg.metrics.is_none() || w.health.is_up(down_after),
+                "scraped": h.load.map(|x| json!({
+                    "waiting": x.waiting, "running": x.running, "kv_usage": x.kv_usage,
+                })),
+                "scrape_error": h.last_error,
+                "prefill_rate": l.prefill_rate,
+            })
+        })
+        .collect();
+    Json(json!({ "workers": list }))
+}
+
+async fn score(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {
+    let body: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return bad_request(format!("body is not JSON: {e}")),
+    };
+    let Some(model) = body.get("model").and_then(Value::as_str) else {
+        return bad_request("`model` is required".into());
+    };
+    let prompt = if body.get("messages").is_some() {
+        ChatRequest::from_openai(&body).map(Prompt::Chat)
+    } else if body.get("prompt").is_some() {
+        CompletionPrompt::from_openai(&body).map(|prompt| Prompt::Completion {
+            prompt,
+            add_special_tokens: body.get("add_special_tokens").and_then(Value::as_bool),
+        })
+    } else {
+        return bad_request("body has neither `messages` nor `prompt`".into());
+    };
+    let tenant = headers
+        .get(&s.tenant_header)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let input = PickInput {
+        request_id: String::new(),
+        tenant: tenant.to_owned(),
+        model: model.to_owned(),
+        prompt: prompt.map_err(|e| e.to_string()),
+        cache_salt: body
+            .get("cache_salt")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+    };
+    let out = s.picker.pick(input, Mode::DryRun).await;
+    let workers: Vec<Value> = out
+        .candidates
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "endpoint": c.endpoint,
+                "matched_tokens": c.matched_tokens,
+                "predicted_ttft_ms": c.prediction.ttft_ms,
+                "queue_ms": c.prediction.queue_ms,
+                "prefill_ms": c.prediction.prefill_ms,
+                "in_flight": c.in_flight,
+            })
+        })
+        .collect();
+    let d = out.decision;
+    Json(json!({
+        "policy": d.policy,
+        "prompt_tokens": d.prompt_tokens,
+        "degraded": d.degraded,
+        "reason": d.reason,
+        "chosen": (!d.worker.is_empty()).then_some(d.worker),
+        "endpoints": out.endpoints,
+        "workers": workers,
+    }))
+    .into_response()
+}
+
+fn bad_request(msg: String) -> Response {
+    (StatusCode::BAD_REQUEST, Json(json!({ "error": msg }))).into_response()
+}

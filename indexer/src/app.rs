@@ -1,0 +1,246 @@
+//! Wiring: load tokenizers, build the index, workers, picker; start the
+//! event streams, the scraper, the gRPC and admin servers; stop them all on
+//! shutdown.
+
+use crate::{
+    admin::{self, AdminState},
+    config::Config,
+    grpc::RouterService,
+    index::Index,
+    load::LoadTracker,
+    metrics::Metrics,
+    picker::Picker,
+    scrape, streams,
+    workers::Workers,
+};
+use kvsteer_tokenize::PromptTokenizer;
+use prometheus_client::registry::Registry;
+use std::{
+    collections::HashMap,
+    future::Future,
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("model {model:?}: cannot load tokenizer from {path}: {source}")]
+    Tokenizer {
+        model: String,
+        path: String,
+        source: kvsteer_tokenize::Error,
+    },
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Listen {
+        what: &'static str,
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+/// A running service.
+pub struct Running {
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub picker: Arc<Picker>,
+    pub index: Index,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Loads every model's tokenizer.
+pub fn load_tokenizers(cfg: &Config) -> Result<HashMap<String, Arc<PromptTokenizer>>, AppError> {
+    cfg.models
+        .iter()
+        .map(|m| {
+            let tok =
+                PromptTokenizer::from_dir(&m.tokenizer).map_err(|source| AppError::Tokenizer {
+                    model: m.name.clone(),
+                    path: m.tokenizer.display().to_string(),
+                    source,
+                })?;
+            Ok((m.name.clone(), Arc::new(tok)))
+        })
+        .collect()
+}
+
+/// The picker and its collaborators, without any task or listener
+/// (benchmarks and tests drive it directly).
+pub fn build_picker(
+    cfg: &Config,
+    tokenizers: HashMap<String, Arc<PromptTokenizer>>,
+    registry: &mut Registry,
+) -> (Arc<Picker>, Arc<Workers>, Index, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::new(registry, &cfg.tenants.metrics_allowlist));
+    let workers = Arc::new(Workers::new(&cfg.workers));
+    let index = Index::memory(cfg.index.capacity);
+    for w in workers.iter() {
+        let block_size = cfg.model(&w.cfg.model).map_or(16, |m| m.block_size);
+        index.register_worker(w.id, &w.cfg.model, block_size);
+    }
+    let load = Arc::new(LoadTracker::new(
+        workers.len(),
+        cfg.scoring.prefill_rate_prior,
+        Duration::from_secs(cfg.scoring.in_flight_ttl_s),
+    ));
+    let picker = Arc::new(Picker::new(
+        cfg,
+        tokenizers,
+        index.clone(),
+        workers.clone(),
+        load,
+        metrics.clone(),
+    ));
+    (picker, workers, index, metrics)
+}
+
+/// Starts everything; listeners are bound before this returns.
+pub async fn start(cfg: Config) -> Result<Running, AppError> {
+    let tokenizers = load_tokenizers(&cfg)?;
+    let mut registry = Registry::default();
+    let (picker, workers, index, metrics) = build_picker(&cfg, tokenizers, &mut registry);
+    let (shutdown, shutdown_rx) = watch::channel(false);
+
+    let grpc = listen("grpc", &cfg.grpc_listen).await?;
+    let admin = listen("admin", &cfg.admin_listen).await?;
+    let grpc_addr = grpc.local_addr().expect("bound");
+    let admin_addr = admin.local_addr().expect("bound");
+
+    let mut tasks = streams::spawn_all(&workers, &index, &cfg.streams, &metrics, &shutdown_rx);
+    tasks.push(tokio::spawn(housekeeping(
+        picker.clone(),
+        cfg.clone(),
+        shutdown_rx.clone(),
+    )));
+
+    let service = RouterService::new(picker.clone()).into_server();
+    let mut rx = shutdown_rx.clone();
+    tasks.push(tokio::spawn(async move {
+        let result = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(grpc),
+                stopped(&mut rx),
+            )
+            .await;
+        if let Err(error) = result {
+            tracing::error!(%error, "gRPC server failed");
+        }
+    }));
+
+    let state = AdminState {
+        picker: picker.clone(),
+        workers: workers.clone(),
+        index: index.clone(),
+        registry: Arc::new(registry),
+        tenant_header: cfg.tenants.header.clone(),
+    };
+    let mut rx = shutdown_rx.clone();
+    tasks.push(tokio::spawn(async move {
+        let result = axum::serve(admin, admin::router(state))
+            .with_graceful_shutdown(async move { stopped(&mut rx).await })
+            .await;
+        if let Err(error) = result {
+            tracing::error!(%error, "admin server failed");
+        }
+    }));
+    tracing::info!(%grpc_addr, %admin_addr, workers = workers.len(), "kvsteer-indexer started");
+    Ok(Running {
+        grpc_addr,
+        admin_addr,
+        picker,
+        index,
+        shutdown,
+        tasks,
+    })
+}
+
+/// Runs until `signal` completes, then shuts down.
+pub async fn serve(cfg: Config, signal: impl Future<Output = ()>) -> Result<(), AppError> {
+    let running = start(cfg).await?;
+    signal.await;
+    tracing::info!("shutting down");
+    running.shutdown().await;
+    Ok(())
+}
+
+// === impl Running ===
+
+impl Running {
+    /// Stops every task and waits for them (bounded).
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+    }
+}
+
+async fn listen(what: &'static str, addr: &str) -> Result<TcpListener, AppError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| AppError::Listen {
+            what,
+            addr: addr.to_owned(),
+            source,
+        })
+}
+
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// Every scrape interval: scrape worker metrics, expire stale in-flight
+/// entries, refresh gauges.
+async fn housekeeping(picker: Arc<Picker>, cfg: Config, mut shutdown: watch::Receiver<bool>) {
+    let client = scrape::http_client();
+    let timeout = Duration::from_millis(cfg.scrape.timeout_ms);
+    let mut tick = tokio::time::interval(Duration::from_millis(cfg.scrape.interval_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            _ = stopped(&mut shutdown) => return,
+            _ = tick.tick() => {}
+        }
+        let workers = picker.workers.clone();
+        let scrapes = workers.iter().filter_map(|w| {
+            let url = w.cfg.metrics.as_deref()?;
+            let client = &client;
+            Some(async move {
+                let r = scrape::scrape(client, url, w.cfg.data_parallel_rank, timeout).await;
+                if let Err(error) = &r {
+                    tracing::debug!(worker = %w.cfg.name, %error, "scrape failed");
+                }
+                w.health.record(r, Instant::now());
+            })
+        });
+        futures::future::join_all(scrapes).await;
+        let expired = picker.load.expire(Instant::now());
+        picker.metrics.in_flight_expired.inc_by(expired as u64);
+        let loads = picker.load.snapshot();
+        for w in workers.iter() {
+            let labels = Metrics::worker(&w.cfg.name);
+            let up = w.cfg.metrics.is_none() || w.health.is_up(cfg.scrape.down_after);
+            picker
+                .metrics
+                .worker_up
+                .get_or_create(&labels)
+                .set(i64::from(up));
+            let in_flight = loads.get(w.id as usize).map_or(0, |l| l.in_flight);
+            picker
+                .metrics
+                .in_flight
+                .get_or_create(&labels)
+                .set(i64::from(in_flight));
+        }
+    }
+}

@@ -1,0 +1,593 @@
+//! The service configuration (YAML): every key has a default, unknown keys are
+//! rejected, and [`Config::validate`] names the field that is wrong.
+
+use serde::{Deserialize, Serialize};
+use std::{collections::HashSet, net::SocketAddr, path::PathBuf};
+
+// === defaults ===
+
+pub const DEFAULT_GRPC_LISTEN: &str = "127.0.0.1:9090";
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9091";
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+pub const DEFAULT_PREFILL_RATE_PRIOR: f64 = 8_000.0;
+pub const DEFAULT_GPU_HIT_WEIGHT: f64 = 1.0;
+pub const DEFAULT_CPU_HIT_WEIGHT: f64 = 0.8;
+pub const DEFAULT_DECODE_MS_PER_RUNNING: f64 = 0.5;
+pub const DEFAULT_WAITING_REQUEST_TOKENS: u32 = 1_024;
+pub const DEFAULT_IN_FLIGHT_TTL_S: u64 = 300;
+pub const DEFAULT_CALIBRATION_ALPHA: f64 = 0.1;
+pub const DEFAULT_CALIBRATION_MIN_TOKENS: u32 = 256;
+pub const DEFAULT_RATE_MIN_FACTOR: f64 = 0.25;
+pub const DEFAULT_RATE_MAX_FACTOR: f64 = 4.0;
+pub const DEFAULT_MAX_ENDPOINTS: u32 = 3;
+pub const DEFAULT_INDEX_CAPACITY: usize = 4_000_000;
+pub const DEFAULT_TENANT_HEADER: &str = "x-tenant-id";
+pub const DEFAULT_SCRAPE_INTERVAL_MS: u64 = 1_000;
+pub const DEFAULT_SCRAPE_TIMEOUT_MS: u64 = 500;
+pub const DEFAULT_SCRAPE_DOWN_AFTER: u32 = 3;
+pub const DEFAULT_EVENT_CHANNEL: usize = 1_024;
+pub const DEFAULT_MAX_REPLAY_RETRIES: u32 = 3;
+pub const DEFAULT_BACKOFF_INITIAL_MS: u64 = 100;
+pub const DEFAULT_BACKOFF_MAX_MS: u64 = 5_000;
+
+// === types ===
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub grpc_listen: String,
+    pub admin_listen: String,
+    pub models: Vec<ModelConfig>,
+    pub workers: Vec<WorkerConfig>,
+    pub scoring: ScoringConfig,
+    pub index: IndexConfig,
+    pub tenants: TenantsConfig,
+    pub scrape: ScrapeConfig,
+    pub streams: StreamsConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    pub name: String,
+    /// Folder with `tokenizer.json` and `tokenizer_config.json`.
+    pub tokenizer: PathBuf,
+    pub block_size: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    pub name: String,
+    /// `ip:port` that Envoy routes to.
+    pub endpoint: String,
+    pub model: String,
+    /// ZeroMQ PUB endpoint of the engine's KV events (`tcp://host:port`).
+    pub kv_events: Option<String>,
+    /// ZeroMQ ROUTER endpoint for replays.
+    pub replay: Option<String>,
+    /// Prometheus endpoint (`http://host:port/metrics`).
+    pub metrics: Option<String>,
+    pub data_parallel_rank: Option<u32>,
+    /// Bind the SUB socket and let the engine connect in.
+    pub bind: bool,
+    /// Event topic; `kv@<endpoint>@<model>` when absent.
+    pub topic: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    Random,
+    RoundRobin,
+    LeastRequest,
+    PrefixOnly,
+    #[default]
+    Kvsteer,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScoringConfig {
+    pub policy: Policy,
+    /// Prefill throughput assumed for a worker before calibration (tokens/s).
+    pub prefill_rate_prior: f64,
+    /// Share of a block's prefill saved by a GPU-tier hit (0..=1).
+    pub gpu_hit_weight: f64,
+    /// Share of a block's prefill saved by a CPU-tier hit (0..=1).
+    pub cpu_hit_weight: f64,
+    /// Delay added to a prefill per running sequence (ms).
+    pub decode_ms_per_running: f64,
+    /// Prompt tokens assumed for each request in a worker's scraped waiting queue.
+    pub waiting_request_tokens: u32,
+    /// In-flight entries without a report are dropped after this long (s).
+    pub in_flight_ttl_s: u64,
+    /// EWMA weight of each first-token observation in the prefill rate (0..=1).
+    pub calibration_alpha: f64,
+    /// Observations with less predicted work than this are not used for calibration.
+    pub calibration_min_tokens: u32,
+    /// Calibrated rate is clamped to `[prior * min, prior * max]`.
+    pub rate_min_factor: f64,
+    pub rate_max_factor: f64,
+    /// Endpoints returned per pick: the choice plus fallbacks.
+    pub max_endpoints: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IndexBackend {
+    #[default]
+    Memory,
+    Redis,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IndexConfig {
+    pub backend: IndexBackend,
+    /// Blocks the memory index holds before evicting.
+    pub capacity: usize,
+    pub redis_url: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantsConfig {
+    pub header: String,
+    /// Tenants with their own metric label; everyone else is `other`.
+    pub metrics_allowlist: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScrapeConfig {
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    /// Consecutive failed scrapes after which a worker is marked down.
+    pub down_after: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StreamsConfig {
+    /// Batches queued per worker between the subscriber and the index.
+    pub channel_capacity: usize,
+    pub max_replay_retries: u32,
+    pub backoff_initial_ms: u64,
+    pub backoff_max_ms: u64,
+    /// Reconnect when a live stream is silent this long (s); off when absent.
+    pub idle_reconnect_s: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid YAML: {0}")]
+    Parse(#[from] serde_norway::Error),
+    #[error("{field}: required")]
+    Missing { field: String },
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+    #[error("{field}: duplicate value {value:?}")]
+    Duplicate { field: String, value: String },
+    #[error("{field}: model {model:?} is not listed under `models`")]
+    UnknownModel { field: String, model: String },
+    #[error("{field}: the {what} is not built yet; use `backend: memory`")]
+    NotBuilt { field: String, what: &'static str },
+}
+
+// === impl Default ===
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            grpc_listen: DEFAULT_GRPC_LISTEN.into(),
+            admin_listen: DEFAULT_ADMIN_LISTEN.into(),
+            models: Vec::new(),
+            workers: Vec::new(),
+            scoring: ScoringConfig::default(),
+            index: IndexConfig::default(),
+            tenants: TenantsConfig::default(),
+            scrape: ScrapeConfig::default(),
+            streams: StreamsConfig::default(),
+        }
+    }
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            tokenizer: PathBuf::new(),
+            block_size: DEFAULT_BLOCK_SIZE,
+        }
+    }
+}
+
+impl Default for ScoringConfig {
+    fn default() -> Self {
+        Self {
+            policy: Policy::default(),
+            prefill_rate_prior: DEFAULT_PREFILL_RATE_PRIOR,
+            gpu_hit_weight: DEFAULT_GPU_HIT_WEIGHT,
+            cpu_hit_weight: DEFAULT_CPU_HIT_WEIGHT,
+            decode_ms_per_running: DEFAULT_DECODE_MS_PER_RUNNING,
+            waiting_request_tokens: DEFAULT_WAITING_REQUEST_TOKENS,
+            in_flight_ttl_s: DEFAULT_IN_FLIGHT_TTL_S,
+            calibration_alpha: DEFAULT_CALIBRATION_ALPHA,
+            calibration_min_tokens: DEFAULT_CALIBRATION_MIN_TOKENS,
+            rate_min_factor: DEFAULT_RATE_MIN_FACTOR,
+            rate_max_factor: DEFAULT_RATE_MAX_FACTOR,
+            max_endpoints: DEFAULT_MAX_ENDPOINTS,
+        }
+    }
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        Self {
+            backend: IndexBackend::default(),
+            capacity: DEFAULT_INDEX_CAPACITY,
+            redis_url: None,
+        }
+    }
+}
+
+impl Default for TenantsConfig {
+    fn default() -> Self {
+        Self {
+            header: DEFAULT_TENANT_HEADER.into(),
+            metrics_allowlist: Vec::new(),
+        }
+    }
+}
+
+impl Default for ScrapeConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: DEFAULT_SCRAPE_INTERVAL_MS,
+            timeout_ms: DEFAULT_SCRAPE_TIMEOUT_MS,
+            down_after: DEFAULT_SCRAPE_DOWN_AFTER,
+        }
+    }
+}
+
+impl Default for StreamsConfig {
+    fn default() -> Self {
+        Self {
+            channel_capacity: DEFAULT_EVENT_CHANNEL,
+            max_replay_retries: DEFAULT_MAX_REPLAY_RETRIES,
+            backoff_initial_ms: DEFAULT_BACKOFF_INITIAL_MS,
+            backoff_max_ms: DEFAULT_BACKOFF_MAX_MS,
+            idle_reconnect_s: None,
+        }
+    }
+}
+
+// === impl Config ===
+
+impl Config {
+    /// Parses YAML and validates it.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let cfg: Config = serde_norway::from_str(text)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_yaml(&text)
+    }
+
+    pub fn to_yaml(&self) -> String {
+        serde_norway::to_string(self).unwrap_or_else(|e| format!("# cannot print: {e}\n"))
+    }
+
+    pub fn model(&self, name: &str) -> Option<&ModelConfig> {
+        self.models.iter().find(|m| m.name == name)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        socket_addr("grpc_listen", &self.grpc_listen)?;
+        socket_addr("admin_listen", &self.admin_listen)?;
+        if self.models.is_empty() {
+            return Err(missing("models"));
+        }
+        let mut names = HashSet::new();
+        for (i, m) in self.models.iter().enumerate() {
+            let f = |k: &str| format!("models[{i}].{k}");
+            if m.name.is_empty() {
+                return Err(missing(&f("name")));
+            }
+            if !names.insert(m.name.as_str()) {
+                return Err(duplicate(&f("name"), &m.name));
+            }
+            if m.tokenizer.as_os_str().is_empty() {
+                return Err(missing(&f("tokenizer")));
+            }
+            if !(1..=4096).contains(&m.block_size) {
+                return Err(invalid(&f("block_size"), "must be in 1..=4096"));
+            }
+        }
+        if self.workers.is_empty() {
+            return Err(missing("workers"));
+        }
+        let (mut names, mut endpoints) = (HashSet::new(), HashSet::new());
+        for (i, w) in self.workers.iter().enumerate() {
+            let f = |k: &str| format!("workers[{i}].{k}");
+            if w.name.is_empty() {
+                return Err(missing(&f("name")));
+            }
+            if !names.insert(w.name.as_str()) {
+                return Err(duplicate(&f("name"), &w.name));
+            }
+            socket_addr(&f("endpoint"), &w.endpoint)?;
+            if !endpoints.insert((w.endpoint.as_str(), w.data_parallel_rank)) {
+                return Err(duplicate(&f("endpoint"), &w.endpoint));
+            }
+            if w.model.is_empty() {
+                return Err(missing(&f("model")));
+            }
+            if self.model(&w.model).is_none() {
+                return Err(ConfigError::UnknownModel {
+                    field: f("model"),
+                    model: w.model.clone(),
+                });
+            }
+            for (key, value) in [("kv_events", &w.kv_events), ("replay", &w.replay)] {
+                if let Some(v) = value {
+                    zmq_endpoint(&f(key), v)?;
+                }
+            }
+            if w.replay.is_some() && w.kv_events.is_none() {
+                return Err(invalid(&f("replay"), "needs `kv_events` as well"));
+            }
+            if let Some(url) = &w.metrics
+                && !url.starts_with("http://")
+            {
+                return Err(invalid(&f("metrics"), "must be an http:// URL"));
+            }
+        }
+        self.scoring.validate()?;
+        self.index.validate()?;
+        self.tenants.validate()?;
+        if self.scrape.interval_ms == 0 {
+            return Err(invalid("scrape.interval_ms", "must be > 0"));
+        }
+        if self.scrape.timeout_ms == 0 {
+            return Err(invalid("scrape.timeout_ms", "must be > 0"));
+        }
+        if self.scrape.down_after == 0 {
+            return Err(invalid("scrape.down_after", "must be > 0"));
+        }
+        if self.streams.channel_capacity == 0 {
+            return Err(invalid("streams.channel_capacity", "must be > 0"));
+        }
+        if self.streams.backoff_initial_ms == 0
+            || self.streams.backoff_max_ms < self.streams.backoff_initial_ms
+        {
+            return Err(invalid(
+                "streams.backoff_max_ms",
+                "need 0 < backoff_initial_ms <= backoff_max_ms",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl WorkerConfig {
+    /// The ZeroMQ topic of this worker's events.
+    pub fn topic(&self) -> String {
+        self.topic
+            .clone()
+            .unwrap_or_else(|| format!("kv@{}@{}", self.endpoint, self.model))
+    }
+}
+
+// === impl ScoringConfig ===
+
+impl ScoringConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        positive("scoring.prefill_rate_prior", self.prefill_rate_prior)?;
+        unit("scoring.gpu_hit_weight", self.gpu_hit_weight)?;
+        unit("scoring.cpu_hit_weight", self.cpu_hit_weight)?;
+        if !(self.decode_ms_per_running.is_finite() && self.decode_ms_per_running >= 0.0) {
+            return Err(invalid("scoring.decode_ms_per_running", "must be >= 0"));
+        }
+        if self.in_flight_ttl_s == 0 {
+            return Err(invalid("scoring.in_flight_ttl_s", "must be > 0"));
+        }
+        unit("scoring.calibration_alpha", self.calibration_alpha)?;
+        positive("scoring.rate_min_factor", self.rate_min_factor)?;
+        positive("scoring.rate_max_factor", self.rate_max_factor)?;
+        if self.rate_min_factor > 1.0 || self.rate_max_factor < 1.0 {
+            return Err(invalid(
+                "scoring.rate_min_factor",
+                "need rate_min_factor <= 1 <= rate_max_factor",
+            ));
+        }
+        if self.max_endpoints == 0 {
+            return Err(invalid("scoring.max_endpoints", "must be > 0"));
+        }
+        Ok(())
+    }
+}
+
+impl IndexConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        match self.backend {
+            IndexBackend::Redis => Err(ConfigError::NotBuilt {
+                field: "index.backend".into(),
+                what: "redis index backend",
+            }),
+            IndexBackend::Memory if self.redis_url.is_some() => Err(ConfigError::NotBuilt {
+                field: "index.redis_url".into(),
+                what: "redis index backend",
+            }),
+            IndexBackend::Memory if self.capacity == 0 => {
+                Err(invalid("index.capacity", "must be > 0"))
+            }
+            IndexBackend::Memory => Ok(()),
+        }
+    }
+}
+
+impl TenantsConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let ok = !self.header.is_empty()
+            && self
+                .header
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        if !ok {
+            return Err(invalid(
+                "tenants.header",
+                "must be a lowercase HTTP header name",
+            ));
+        }
+        if self.metrics_allowlist.iter().any(|t| t == "other") {
+            return Err(invalid(
+                "tenants.metrics_allowlist",
+                "`other` is reserved for tenants not listed",
+            ));
+        }
+        Ok(())
+    }
+}
+
+// === helpers ===
+
+fn missing(field: &str) -> ConfigError {
+    ConfigError::Missing {
+        field: field.into(),
+    }
+}
+
+fn invalid(field: &str, reason: &str) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+fn duplicate(field: &str, value: &str) -> ConfigError {
+    ConfigError::Duplicate {
+        field: field.into(),
+        value: value.into(),
+    }
+}
+
+fn socket_addr(field: &str, v: &str) -> Result<SocketAddr, ConfigError> {
+    v.parse()
+        .map_err(|_| invalid(field, &format!("{v:?} is not an ip:port address")))
+}
+
+fn zmq_endpoint(field: &str, v: &str) -> Result<(), ConfigError> {
+    let rest = v
+        .strip_prefix("tcp://")
+        .ok_or_else(|| invalid(field, &format!("{v:?} must start with tcp://")))?;
+    match rest.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
+        _ => Err(invalid(field, &format!("{v:?} needs host:port"))),
+    }
+}
+
+fn positive(field: &str, v: f64) -> Result<(), ConfigError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(invalid(field, "must be a positive number"))
+    }
+}
+
+fn unit(field: &str, v: f64) -> Result<(), ConfigError> {
+    if (0.0..=1.0).contains(&v) {
+        Ok(())
+    } else {
+        Err(invalid(field, "must be within 0..=1"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "
+models:
+  - name: m
+    tokenizer: /tok
+workers:
+  - name: w1
+    endpoint: 127.0.0.1:8001
+    model: m
+";
+
+    fn err(yaml: &str) -> String {
+        Config::from_yaml(yaml).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn minimal_gets_defaults() {
+        let cfg = Config::from_yaml(MINIMAL).unwrap();
+        assert_eq!(cfg.grpc_listen, DEFAULT_GRPC_LISTEN);
+        assert_eq!(cfg.models[0].block_size, DEFAULT_BLOCK_SIZE);
+        assert_eq!(cfg.scoring.policy, Policy::Kvsteer);
+        assert_eq!(cfg.workers[0].topic(), "kv@127.0.0.1:8001@m");
+    }
+
+    #[test]
+    fn example_config_is_valid_and_round_trips() {
+        let text = include_str!("../config.example.yaml");
+        let cfg = Config::from_yaml(text).unwrap();
+        assert_eq!(cfg.workers.len(), 2);
+        let again = Config::from_yaml(&cfg.to_yaml()).unwrap();
+        assert_eq!(cfg, again);
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let e = err(&format!("{MINIMAL}bogus: 1\n"));
+        assert!(e.contains("bogus"), "{e}");
+        let e = err(&MINIMAL.replace("model: m\n", "model: m\n    colour: red\n"));
+        assert!(e.contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = err(&MINIMAL.replace("127.0.0.1:8001", "nowhere"));
+        assert!(e.starts_with("workers[0].endpoint"), "{e}");
+        let e = err(&MINIMAL.replace("model: m\n", "model: other\n"));
+        assert!(e.starts_with("workers[0].model"), "{e}");
+        let e = err(&format!("{MINIMAL}scoring:\n  cpu_hit_weight: 2\n"));
+        assert!(e.starts_with("scoring.cpu_hit_weight"), "{e}");
+        let e = err(&format!("{MINIMAL}scoring:\n  policy: magic\n"));
+        assert!(e.contains("magic"), "{e}");
+        let e = err(&MINIMAL.replace("model: m\n", "model: m\n    kv_events: udp://x\n"));
+        assert!(e.starts_with("workers[0].kv_events"), "{e}");
+        let e = err(&format!(
+            "{MINIMAL}  - name: w1\n    endpoint: 127.0.0.1:8002\n    model: m\n"
+        ));
+        assert!(e.starts_with("workers[1].name: duplicate"), "{e}");
+        assert!(err("models: []\n").starts_with("models: required"));
+    }
+
+    #[test]
+    fn redis_is_not_built_yet() {
+        let e = err(&format!(
+            "{MINIMAL}index:\n  redis_url: redis://127.0.0.1:6379\n"
+        ));
+        assert!(
+            e.starts_with("index.redis_url") && e.contains("not built yet"),
+            "{e}"
+        );
+        let e = err(&format!("{MINIMAL}index:\n  backend: redis\n"));
+        assert!(e.starts_with("index.backend"), "{e}");
+    }
+}

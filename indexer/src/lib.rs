@@ -1,0 +1,23 @@
+//! kvsteer indexer: KV events in, predicted-TTFT picks out.
+//!
+//! A request's path: [`grpc`] (proto) → [`prompt`] (domain types) →
+//! [`picker`] (tokenize → [`keys`] → [`index`] lookup → [`scoring`]) →
+//! endpoints. Reports come back through [`report`] into [`load`]; KV events
+//! come in through [`streams`]; engine queues through [`scrape`].
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod app;
+pub mod config;
+pub mod grpc;
+pub mod index;
+pub mod keys;
+pub mod load;
+pub mod metrics;
+pub mod picker;
+pub mod prompt;
+pub mod report;
+pub mod scoring;
+pub mod scrape;
+pub mod streams;
+pub mod workers;

@@ -1,0 +1,230 @@
+//! In-flight load per worker, from our own picks and the filter's reports,
+//! and each worker's calibrated prefill rate.
+//!
+//! A pick adds the request's uncached tokens to its worker's "unprefilled"
+//! work; its first token moves it to "decoding"; done or cancelled removes it.
+//! Entries whose reports never come expire after a TTL.
+
+use crate::scoring::Prediction;
+use parking_lot::Mutex;
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+/// One picked request that has not finished.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pending {
+    /// Position of the worker in the configuration.
+    pub worker: usize,
+    pub prediction: Prediction,
+    pub picked_at: Instant,
+    pub first_token_at: Option<Instant>,
+    /// Tenant metric label (already bounded by the allowlist).
+    pub tenant: String,
+    pub policy: &'static str,
+}
+
+/// Aggregate load of one worker, as scoring sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LocalLoad {
+    pub in_flight: u32,
+    pub unprefilled_tokens: u64,
+    pub decoding: u32,
+    pub prefill_rate: f64,
+}
+
+pub struct LoadTracker {
+    ttl: Duration,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    requests: HashMap<String, Pending>,
+    workers: Vec<LocalLoad>,
+}
+
+// === impl Pending ===
+
+impl Pending {
+    fn tokens(&self) -> u64 {
+        self.prediction.uncached_tokens.ceil() as u64
+    }
+}
+
+// === impl LoadTracker ===
+
+impl LoadTracker {
+    pub fn new(workers: usize, prefill_rate_prior: f64, ttl: Duration) -> Self {
+        let load = LocalLoad {
+            prefill_rate: prefill_rate_prior,
+            ..Default::default()
+        };
+        Self {
+            ttl,
+            inner: Mutex::new(Inner {
+                requests: HashMap::new(),
+                workers: vec![load; workers],
+            }),
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<LocalLoad> {
+        self.inner.lock().workers.clone()
+    }
+
+    /// Records a pick. A request id seen before replaces the older entry.
+    pub fn on_pick(&self, request_id: &str, pending: Pending) {
+        let mut inner = self.inner.lock();
+        if pending.worker >= inner.workers.len() {
+            return;
+        }
+        if let Some(old) = inner.requests.remove(request_id) {
+            inner.release(&old);
+        }
+        let w = &mut inner.workers[pending.worker];
+        w.in_flight += 1;
+        w.unprefilled_tokens += pending.tokens();
+        inner.requests.insert(request_id.to_owned(), pending);
+    }
+
+    /// Records a first token; returns the entry (once: a second first-token
+    /// report for the same request returns `None`).
+    pub fn on_first_token(&self, request_id: &str, now: Instant) -> Option<Pending> {
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        let p = inner.requests.get_mut(request_id)?;
+        if p.first_token_at.is_some() {
+            return None;
+        }
+        p.first_token_at = Some(now);
+        let w = &mut inner.workers[p.worker];
+        w.unprefilled_tokens = w.unprefilled_tokens.saturating_sub(p.tokens());
+        w.decoding += 1;
+        Some(p.clone())
+    }
+
+    /// Records the end of a request (done or cancelled).
+    pub fn on_finish(&self, request_id: &str) -> Option<Pending> {
+        let mut inner = self.inner.lock();
+        let p = inner.requests.remove(request_id)?;
+        inner.release(&p);
+        Some(p)
+    }
+
+    /// Sets a worker's calibrated prefill rate.
+    pub fn set_rate(&self, worker: usize, rate: f64) {
+        if let Some(w) = self.inner.lock().workers.get_mut(worker) {
+            w.prefill_rate = rate;
+        }
+    }
+
+    /// Drops entries older than the TTL; returns how many.
+    pub fn expire(&self, now: Instant) -> usize {
+        let mut inner = self.inner.lock();
+        let ttl = self.ttl;
+        let stale: Vec<String> = inner
+            .requests
+            .iter()
+            .filter(|(_, p)| now.saturating_duration_since(p.picked_at) > ttl)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &stale {
+            if let Some(p) = inner.requests.remove(id) {
+                inner.release(&p);
+            }
+        }
+        stale.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().requests.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Inner {
+    fn release(&mut self, p: &Pending) {
+        let w = &mut self.workers[p.worker];
+        w.in_flight = w.in_flight.saturating_sub(1);
+        if p.first_token_at.is_some() {
+            w.decoding = w.decoding.saturating_sub(1);
+        } else {
+            w.unprefilled_tokens = w.unprefilled_tokens.saturating_sub(p.tokens());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(worker: usize, tokens: f64, at: Instant) -> Pending {
+        Pending {
+            worker,
+            prediction: Prediction {
+                uncached_tokens: tokens,
+                ..Default::default()
+            },
+            picked_at: at,
+            first_token_at: None,
+            tenant: "other".into(),
+            policy: "kvsteer",
+        }
+    }
+
+    #[test]
+    fn pick_first_token_done() {
+        let t = LoadTracker::new(2, 1000.0, Duration::from_secs(60));
+        let now = Instant::now();
+        t.on_pick("a", pending(1, 100.0, now));
+        t.on_pick("b", pending(1, 50.5, now));
+        let w = t.snapshot()[1];
+        assert_eq!((w.in_flight, w.unprefilled_tokens, w.decoding), (2, 151, 0));
+        assert!(t.on_first_token("a", now).is_some());
+        assert!(t.on_first_token("a", now).is_none());
+        let w = t.snapshot()[1];
+        assert_eq!((w.in_flight, w.unprefilled_tokens, w.decoding), (2, 51, 1));
+        assert!(t.on_finish("a").is_some());
+        assert!(t.on_finish("b").is_some());
+        assert!(t.on_finish("b").is_none());
+        assert_eq!(
+            t.snapshot()[1],
+            LocalLoad {
+                prefill_rate: 1000.0,
+                ..Default::default()
+            }
+        );
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn repeated_id_replaces_and_unknown_worker_is_ignored() {
+        let t = LoadTracker::new(2, 1000.0, Duration::from_secs(60));
+        let now = Instant::now();
+        t.on_pick("a", pending(0, 10.0, now));
+        t.on_pick("a", pending(1, 20.0, now));
+        t.on_pick("z", pending(7, 20.0, now));
+        let s = t.snapshot();
+        assert_eq!((s[0].in_flight, s[1].in_flight), (0, 1));
+        assert_eq!(t.len(), 1);
+        assert!(t.on_first_token("nope", now).is_none());
+    }
+
+    #[test]
+    fn stale_entries_expire() {
+        let t = LoadTracker::new(1, 1000.0, Duration::from_secs(10));
+        let start = Instant::now();
+        t.on_pick("old", pending(0, 10.0, start));
+        t.on_pick("new", pending(0, 5.0, start + Duration::from_secs(8)));
+        t.on_first_token("new", start + Duration::from_secs(9));
+        assert_eq!(t.expire(start + Duration::from_secs(11)), 1);
+        let w = t.snapshot()[0];
+        assert_eq!((w.in_flight, w.unprefilled_tokens, w.decoding), (1, 0, 1));
+        assert_eq!(t.expire(start + Duration::from_secs(30)), 1);
+        assert_eq!(t.snapshot()[0].in_flight, 0);
+    }
+}

@@ -1,0 +1,284 @@
+//! The indexer's Prometheus metrics (`kvsteer_` prefix), registered into a
+//! registry handed in.
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+use std::collections::HashSet;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PickLabels {
+    pub policy: &'static str,
+    /// `routed`, `no_workers`, `unknown_model`.
+    pub outcome: &'static str,
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabels {
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabels {
+    pub worker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StreamLabels {
+    pub worker: String,
+    pub state: &'static str,
+}
+
+pub struct Metrics {
+    tenants: HashSet<String>,
+    pub picks: Family<PickLabels, Counter>,
+    pub degraded: Family<ReasonLabels, Counter>,
+    pub pick_latency: Histogram,
+    pub tokenize_latency: Histogram,
+    pub prompt_tokens: Histogram,
+    pub matched_ratio: Histogram,
+    pub predicted_ttft: Histogram,
+    pub observed_ttft: Family<TenantLabels, Histogram>,
+    /// observed / predicted TTFT.
+    pub ttft_error_ratio: Histogram,
+    pub reports: Family<KindLabels, Counter>,
+    pub in_flight_expired: Counter,
+    pub in_flight: Family<WorkerLabels, Gauge>,
+    pub index_entries: Gauge,
+    pub indexed_blocks: Family<WorkerLabels, Gauge>,
+    pub events_received: Family<WorkerLabels, Counter>,
+    pub events_applied: Family<WorkerLabels, Counter>,
+    pub events_skipped: Family<WorkerLabels, Counter>,
+    pub malformed: Family<WorkerLabels, Counter>,
+    pub gaps: Family<WorkerLabels, Counter>,
+    pub replays: Family<WorkerLabels, Counter>,
+    pub resets: Family<WorkerLabels, Counter>,
+    pub stream_state: Family<StreamLabels, Gauge>,
+    pub worker_up: Family<WorkerLabels, Gauge>,
+    pub prefill_rate: Family<WorkerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+}
+
+fn seconds_buckets() -> impl Iterator<Item = f64> {
+    // 50 µs .. ~26 s
+    prometheus_client::metrics::histogram::exponential_buckets(0.00005, 2.0, 20)
+}
+
+fn ttft_hist() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.005, 2.0, 14,
+    ))
+}
+
+// === impl Metrics ===
+
+impl Metrics {
+    /// Registers every metric under `kvsteer_` in `registry`.
+    pub fn new(registry: &mut Registry, tenant_allowlist: &[String]) -> Self {
+        let m = Self {
+            tenants: tenant_allowlist.iter().cloned().collect(),
+            picks: Family::default(),
+            degraded: Family::default(),
+            pick_latency: Histogram::new(seconds_buckets()),
+            tokenize_latency: Histogram::new(seconds_buckets()),
+            prompt_tokens: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(16.0, 2.0, 14),
+            ),
+            matched_ratio: Histogram::new([
+                0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0,
+            ]),
+            predicted_ttft: ttft_hist(),
+            observed_ttft: Family::new_with_constructor(ttft_hist),
+            ttft_error_ratio: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.125, 1.414, 13),
+            ),
+            reports: Family::default(),
+            in_flight_expired: Counter::default(),
+            in_flight: Family::default(),
+            index_entries: Gauge::default(),
+            indexed_blocks: Family::default(),
+            events_received: Family::default(),
+            events_applied: Family::default(),
+            events_skipped: Family::default(),
+            malformed: Family::default(),
+            gaps: Family::default(),
+            replays: Family::default(),
+            resets: Family::default(),
+            stream_state: Family::default(),
+            worker_up: Family::default(),
+            prefill_rate: Family::default(),
+        };
+        let r = registry.sub_registry_with_prefix("kvsteer");
+        r.register(
+            "picks",
+            "Picks by policy, outcome and tenant",
+            m.picks.clone(),
+        );
+        r.register(
+            "degraded_picks",
+            "Picks scored on load only, by reason",
+            m.degraded.clone(),
+        );
+        r.register(
+            "pick_latency_seconds",
+            "Time to answer a pick (tokenize, lookup, score)",
+            m.pick_latency.clone(),
+        );
+        r.register(
+            "tokenize_latency_seconds",
+            "Time to tokenize a prompt",
+            m.tokenize_latency.clone(),
+        );
+        r.register(
+            "prompt_tokens",
+            "Prompt length of picked requests",
+            m.prompt_tokens.clone(),
+        );
+        r.register(
+            "matched_token_ratio",
+            "Share of the prompt cached on the chosen worker",
+            m.matched_ratio.clone(),
+        );
+        r.register(
+            "predicted_ttft_seconds",
+            "Predicted time to first token of the chosen worker",
+            m.predicted_ttft.clone(),
+        );
+        r.register(
+            "observed_ttft_seconds",
+            "Observed time to first token (filter reports)",
+            m.observed_ttft.clone(),
+        );
+        r.register(
+            "ttft_error_ratio",
+            "Observed / predicted time to first token",
+            m.ttft_error_ratio.clone(),
+        );
+        r.register("reports", "Reports by kind", m.reports.clone());
+        r.register(
+            "in_flight_expired",
+            "In-flight entries dropped after the TTL without a report",
+            m.in_flight_expired.clone(),
+        );
+        r.register(
+            "in_flight",
+            "Requests picked and not done",
+            m.in_flight.clone(),
+        );
+        r.register(
+            "index_entries",
+            "Entries in the prefix index",
+            m.index_entries.clone(),
+        );
+        r.register(
+            "indexed_blocks",
+            "Blocks indexed per worker",
+            m.indexed_blocks.clone(),
+        );
+        r.register(
+            "events_received",
+            "KV events received",
+            m.events_received.clone(),
+        );
+        r.register(
+            "events_applied",
+            "KV events applied to the index",
+            m.events_applied.clone(),
+        );
+        r.register(
+            "events_skipped",
+            "KV events skipped (unknown parent, other group, ...)",
+            m.events_skipped.clone(),
+        );
+        r.register(
+            "malformed_batches",
+            "Event batches that failed to decode",
+            m.malformed.clone(),
+        );
+        r.register("stream_gaps", "Sequence gaps detected", m.gaps.clone());
+        r.register(
+            "stream_replays",
+            "Batches received by replay",
+            m.replays.clone(),
+        );
+        r.register(
+            "stream_resets",
+            "Publisher restarts (sequence went back)",
+            m.resets.clone(),
+        );
+        r.register(
+            "stream_state",
+            "1 for the current state of each worker's event stream",
+            m.stream_state.clone(),
+        );
+        r.register(
+            "worker_up",
+            "1 when the worker's metrics answer",
+            m.worker_up.clone(),
+        );
+        r.register(
+            "prefill_rate_tokens_per_second",
+            "Calibrated prefill rate",
+            m.prefill_rate.clone(),
+        );
+        m
+    }
+
+    /// The tenant's label: itself when allowlisted, `other` otherwise.
+    pub fn tenant_label(&self, tenant: &str) -> String {
+        if self.tenants.contains(tenant) {
+            tenant.to_owned()
+        } else {
+            "other".to_owned()
+        }
+    }
+
+    pub fn worker(name: &str) -> WorkerLabels {
+        WorkerLabels {
+            worker: name.to_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_labels_are_bounded_and_encoded() {
+        let mut reg = Registry::default();
+        let m = Metrics::new(&mut reg, &["team-a".to_owned()]);
+        assert_eq!(m.tenant_label("team-a"), "team-a");
+        assert_eq!(m.tenant_label("team-b"), "other");
+        assert_eq!(m.tenant_label(""), "other");
+        m.picks
+            .get_or_create(&PickLabels {
+                policy: "kvsteer",
+                outcome: "routed",
+                tenant: m.tenant_label("team-z"),
+            })
+            .inc();
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
+        assert!(
+            out.contains(
+                r#"kvsteer_picks_total{policy="kvsteer",outcome="routed",tenant="other"} 1"#
+            ),
+            "{out}"
+        );
+        assert!(out.contains("kvsteer_pick_latency_seconds_bucket"));
+    }
+}

@@ -1,0 +1,497 @@
+//! A pick: tokenize → keys → lookup → score. Shared by the gRPC `Pick` and
+//! the admin `/debug/score` dry run.
+
+use crate::{
+    config::{Config, Policy, ScoringConfig},
+    index::Index,
+    keys::{KeyContext, prompt_keys},
+    load::{LoadTracker, Pending},
+    metrics::{Metrics, PickLabels, ReasonLabels},
+    prompt::Prompt,
+    scoring::{self, Prediction, Turn, WorkerView},
+    workers::Workers,
+};
+use kvsteer_tokenize::PromptTokenizer;
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering::Relaxed},
+    },
+    time::Instant,
+};
+
+/// One model: its tokenizer, key context and workers.
+pub struct Model {
+    pub tokenizer: Option<Arc<PromptTokenizer>>,
+    pub keys: KeyContext,
+    pub block_size: u32,
+    /// Positions in [`Workers`].
+    pub workers: Vec<usize>,
+}
+
+pub struct Picker {
+    policy: Policy,
+    pub(crate) scoring: ScoringConfig,
+    down_after: u32,
+    models: HashMap<String, Model>,
+    index: Index,
+    pub(crate) workers: Arc<Workers>,
+    pub(crate) load: Arc<LoadTracker>,
+    pub(crate) metrics: Arc<Metrics>,
+    counter: AtomicUsize,
+}
+
+/// The request, in domain terms.
+#[derive(Debug, Clone)]
+pub struct PickInput {
+    pub request_id: String,
+    pub tenant: String,
+    pub model: String,
+    /// The prompt, or why it could not be read (the pick degrades).
+    pub prompt: Result<Prompt, String>,
+    pub cache_salt: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A real pick: records in-flight load, advances round-robin, counts metrics.
+    Commit,
+    /// `/debug/score`: changes no state.
+    DryRun,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub policy: &'static str,
+    pub worker: String,
+    pub prompt_tokens: u32,
+    pub matched_tokens: u32,
+    pub predicted_ttft_ms: f64,
+    pub degraded: bool,
+    pub reason: String,
+}
+
+/// How one candidate scored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub worker: usize,
+    pub name: String,
+    pub endpoint: String,
+    pub matched_tokens: u32,
+    pub prediction: Prediction,
+    pub in_flight: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// Ordered endpoints: the choice, then fallbacks. Empty = no opinion.
+    pub endpoints: Vec<String>,
+    pub decision: Decision,
+    /// Every worker of the model, in configuration order.
+    pub candidates: Vec<Candidate>,
+}
+
+pub fn policy_name(p: Policy) -> &'static str {
+    match p {
+        Policy::Random => "random",
+        Policy::RoundRobin => "round_robin",
+        Policy::LeastRequest => "least_request",
+        Policy::PrefixOnly => "prefix_only",
+        Policy::Kvsteer => "kvsteer",
+    }
+}
+
+// === impl Picker ===
+
+impl Picker {
+    /// `tokenizers` by model name; a model without one is scored on load only.
+    pub fn new(
+        cfg: &Config,
+        tokenizers: HashMap<String, Arc<PromptTokenizer>>,
+        index: Index,
+        workers: Arc<Workers>,
+        load: Arc<LoadTracker>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let models = cfg
+            .models
+            .iter()
+            .map(|m| {
+                let model = Model {
+                    tokenizer: tokenizers.get(&m.name).cloned(),
+                    keys: KeyContext::new(&m.name, None, m.block_size),
+                    block_size: m.block_size,
+                    workers: workers
+                        .iter()
+                        .filter(|w| w.cfg.model == m.name)
+                        .map(|w| w.id as usize)
+                        .collect(),
+                };
+                (m.name.clone(), model)
+            })
+            .collect();
+        Self {
+            policy: cfg.scoring.policy,
+            scoring: cfg.scoring.clone(),
+            down_after: cfg.scrape.down_after,
+            models,
+            index,
+            workers,
+            load,
+            metrics,
+            counter: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn down_after(&self) -> u32 {
+        self.down_after
+    }
+
+    pub fn scoring(&self) -> &ScoringConfig {
+        &self.scoring
+    }
+
+    pub fn load(&self) -> &LoadTracker {
+        &self.load
+    }
+
+    pub fn model(&self, name: &str) -> Option<&Model> {
+        self.models.get(name)
+    }
+
+    /// The prompt's token ids (the first prompt of a completions batch).
+    /// Large prompts are encoded with `block_in_place` so that a cold 32k
+    /// prompt does not stall the other tasks of its runtime thread.
+    pub fn tokenize(&self, model: &Model, prompt: &Prompt) -> Result<Vec<u32>, String> {
+        let tok = model.tokenizer.as_ref().ok_or("no tokenizer loaded")?;
+        let start = Instant::now();
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let ids = if multi_thread && prompt_bytes(prompt) > BLOCKING_TOKENIZE_BYTES {
+            tokio::task::block_in_place(|| encode(tok, prompt))
+        } else {
+            encode(tok, prompt)
+        };
+        self.metrics
+            .tokenize_latency
+            .observe(start.elapsed().as_secs_f64());
+        ids
+    }
+
+    pub async fn pick(&self, input: PickInput, mode: Mode) -> Outcome {
+        let start = Instant::now();
+        let policy = policy_name(self.policy);
+        let tenant = self.metrics.tenant_label(&input.tenant);
+        let Some(model) = self.models.get(&input.model) else {
+            let out = empty(policy, format!("unknown_model: {:?}", input.model));
+            self.count(mode, policy, "unknown_model", &tenant, start);
+            return out;
+        };
+        if model.workers.is_empty() {
+            self.count(mode, policy, "no_workers", &tenant, start);
+            return empty(policy, "no_workers".into());
+        }
+
+        let mut reason = String::new();
+        let mut degraded: Option<&'static str> = None;
+        let ids = match input.prompt.and_then(|p| self.tokenize(model, &p)) {
+            Ok(ids) => ids,
+            Err(e) => {
+                degraded = Some("tokenize_failed");
+                reason = format!("tokenize_failed: {e}");
+                Vec::new()
+            }
+        };
+        let prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+        let mut matches = HashMap::new();
+        if !ids.is_empty() {
+            let keys = prompt_keys(&model.keys, input.cache_salt.as_deref(), &ids);
+            match self.index.lookup(&keys).await {
+                Ok(found) => matches.extend(found.into_iter().map(|m| (m.worker, m))),
+                Err(e) => {
+                    degraded = Some("index_unavailable");
+                    reason = format!("index_unavailable: {e}");
+                }
+            }
+        }
+
+        let loads = self.load.snapshot();
+        let views: Vec<WorkerView> = model
+            .workers
+            .iter()
+            .map(|&i| {
+                let w = self
+                    .workers
+                    .get(i)
+                    .expect("model workers come from the registry");
+                let l = loads.get(i).copied().unwrap_or_default();
+                let (gpu, any) = matches
+                    .get(&w.id)
+                    .map_or((0, 0), |m| (m.gpu_blocks, m.cpu_blocks.max(m.gpu_blocks)));
+                WorkerView {
+                    up: w.cfg.metrics.is_none() || w.health.is_up(self.down_after),
+                    gpu_hit_tokens: gpu.saturating_mul(model.block_size),
+                    cpu_hit_tokens: (any - gpu).saturating_mul(model.block_size),
+                    in_flight: l.in_flight,
+                    unprefilled_tokens: l.unprefilled_tokens,
+                    decoding: l.decoding,
+                    scraped: w.health.load(),
+                    prefill_rate: l.prefill_rate,
+                }
+            })
+            .collect();
+        let counter = match mode {
+            Mode::Commit => self.counter.fetch_add(1, Relaxed),
+            Mode::DryRun => self.counter.load(Relaxed),
+        };
+        let turn = Turn {
+            counter,
+            random: rand::random(),
+        };
+        let ranked = scoring::rank(self.policy, &self.scoring, prompt_tokens, &views, turn);
+
+        let candidates: Vec<Candidate> = model
+            .workers
+            .iter()
+            .zip(&views)
+            .map(|(&i, v)| {
+                let w = self.workers.get(i).expect("registry");
+                Candidate {
+                    worker: i,
+                    name: w.cfg.name.clone(),
+                    endpoint: w.cfg.endpoint.clone(),
+                    matched_tokens: v.matched_tokens().min(prompt_tokens),
+                    prediction: scoring::predict(&self.scoring, prompt_tokens, v),
+                    in_flight: v.in_flight,
+                }
+            })
+            .collect();
+        let Some(best) = ranked.first() else {
+            self.count(mode, policy, "no_workers", &tenant, start);
+            return empty(policy, "no_workers".into());
+        };
+        let chosen = &candidates[best.index];
+        let outcome = Outcome {
+            endpoints: ranked
+                .iter()
+                .map(|r| candidates[r.index].endpoint.clone())
+                .collect(),
+            decision: Decision {
+                policy,
+                worker: chosen.name.clone(),
+                prompt_tokens,
+                matched_tokens: chosen.matched_tokens,
+                predicted_ttft_ms: best.prediction.ttft_ms,
+                degraded: degraded.is_some(),
+                reason,
+            },
+            candidates: candidates.clone(),
+        };
+
+        if mode == Mode::Commit {
+            if !input.request_id.is_empty() {
+                self.load.on_pick(
+                    &input.request_id,
+                    Pending {
+                        worker: chosen.worker,
+                        prediction: best.prediction,
+                        picked_at: start,
+                        first_token_at: None,
+                        tenant: tenant.clone(),
+                        policy,
+                    },
+                );
+            }
+            if let Some(reason) = degraded {
+                self.metrics
+                    .degraded
+                    .get_or_create(&ReasonLabels {
+                        reason,
+                        tenant: tenant.clone(),
+                    })
+                    .inc();
+            } else {
+                self.metrics.prompt_tokens.observe(f64::from(prompt_tokens));
+                if prompt_tokens > 0 {
+                    self.metrics
+                        .matched_ratio
+                        .observe(f64::from(chosen.matched_tokens) / f64::from(prompt_tokens));
+                }
+            }
+            self.metrics
+                .predicted_ttft
+                .observe(best.prediction.ttft_ms / 1000.0);
+            self.count(mode, policy, "routed", &tenant, start);
+        }
+        outcome
+    }
+
+    fn count(
+        &self,
+        mode: Mode,
+        policy: &'static str,
+        outcome: &'static str,
+        tenant: &str,
+        start: Instant,
+    ) {
+        if mode == Mode::DryRun {
+            return;
+        }
+        self.metrics
+            .picks
+            .get_or_create(&PickLabels {
+                policy,
+                outcome,
+                tenant: tenant.to_owned(),
+            })
+            .inc();
+        self.metrics
+            .pick_latency
+            .observe(start.elapsed().as_secs_f64());
+    }
+}
+
+/// Prompts larger than this are tokenized off the async path.
+const BLOCKING_TOKENIZE_BYTES: usize = 32 << 10;
+
+fn encode(tok: &PromptTokenizer, prompt: &Prompt) -> Result<Vec<u32>, String> {
+    match prompt {
+        Prompt::Chat(chat) => tok.chat_token_ids(chat).map_err(|e| e.to_string()),
+        Prompt::Completion {
+            prompt,
+            add_special_tokens,
+        } => {
+            let mut batch = tok
+                .completion_token_ids(prompt, *add_special_tokens)
+                .map_err(|e| e.to_string())?;
+            if batch.is_empty() {
+                return Err("empty prompt batch".to_owned());
+            }
+            Ok(batch.swap_remove(0))
+        }
+    }
+}
+
+/// Rough size of the text to encode.
+fn prompt_bytes(prompt: &Prompt) -> usize {
+    use kvsteer_tokenize::{CompletionPrompt, Content};
+    match prompt {
+        Prompt::Chat(chat) => chat
+            .messages
+            .iter()
+            .map(|m| match &m.content {
+                Content::Null => 0,
+                Content::Text(t) => t.len(),
+                Content::Parts(parts) => parts
+                    .iter()
+                    .map(|p| p.text.as_ref().map_or(0, String::len))
+                    .sum(),
+            })
+            .sum(),
+        Prompt::Completion { prompt, .. } => match prompt {
+            CompletionPrompt::Text(t) => t.len(),
+            CompletionPrompt::Texts(t) => t.first().map_or(0, String::len),
+            CompletionPrompt::Ids(_) | CompletionPrompt::IdBatch(_) => 0,
+        },
+    }
+}
+
+fn empty(policy: &'static str, reason: String) -> Outcome {
+    Outcome {
+        endpoints: Vec::new(),
+        decision: Decision {
+            policy,
+            worker: String::new(),
+            prompt_tokens: 0,
+            matched_tokens: 0,
+            predicted_ttft_ms: 0.0,
+            degraded: false,
+            reason,
+        },
+        candidates: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::build_picker;
+    use prometheus_client::registry::Registry;
+
+    fn picker(policy: &str) -> Arc<Picker> {
+        let cfg = Config::from_yaml(&format!(
+            "models: [{{name: m, tokenizer: /nowhere}}]
+workers:
+  - {{name: a, endpoint: 127.0.0.1:1, model: m}}
+  - {{name: b, endpoint: 127.0.0.1:2, model: m}}
+scoring: {{policy: {policy}}}
+"
+        ))
+        .unwrap();
+        build_picker(&cfg, HashMap::new(), &mut Registry::default()).0
+    }
+
+    fn input(id: &str, model: &str) -> PickInput {
+        PickInput {
+            request_id: id.into(),
+            tenant: "t".into(),
+            model: model.into(),
+            prompt: Ok(Prompt::Completion {
+                prompt: kvsteer_tokenize::CompletionPrompt::Ids(vec![1; 64]),
+                add_special_tokens: None,
+            }),
+            cache_salt: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_model_has_no_opinion() {
+        let out = picker("kvsteer").pick(input("r", "x"), Mode::Commit).await;
+        assert!(out.endpoints.is_empty());
+        assert!(out.decision.reason.starts_with("unknown_model"));
+    }
+
+    #[tokio::test]
+    async fn without_tokens_the_pick_degrades_to_load_only() {
+        let p = picker("kvsteer");
+        let first = p.pick(input("r1", "m"), Mode::Commit).await;
+        assert!(first.decision.degraded);
+        assert!(first.decision.reason.starts_with("tokenize_failed"));
+        assert_eq!(first.endpoints.len(), 2);
+        // The second request avoids the worker the first one loaded.
+        let mut bad = input("r2", "m");
+        bad.prompt = Err("tools_json: invalid JSON".into());
+        let second = p.pick(bad, Mode::Commit).await;
+        assert_eq!(p.load().len(), 2);
+        assert_ne!(first.decision.worker, second.decision.worker);
+        assert_eq!(first.endpoints[0], second.endpoints[1]);
+    }
+
+    #[tokio::test]
+    async fn dry_run_changes_nothing() {
+        let p = picker("round_robin");
+        let a = p.pick(input("r1", "m"), Mode::DryRun).await;
+        let b = p.pick(input("r2", "m"), Mode::DryRun).await;
+        assert_eq!(a.endpoints, b.endpoints);
+        assert!(p.load().is_empty());
+        let c = p.pick(input("r3", "m"), Mode::Commit).await;
+        let d = p.pick(input("r4", "m"), Mode::Commit).await;
+        assert_ne!(c.endpoints[0], d.endpoints[0]);
+        assert_eq!(p.load().len(), 2);
+        p.report(
+            "r3",
+            crate::report::ReportKind::FirstToken,
+            5.0,
+            Instant::now(),
+        );
+        p.report("r3", crate::report::ReportKind::Done, 9.0, Instant::now());
+        p.report(
+            "r4",
+            crate::report::ReportKind::Cancelled,
+            0.0,
+            Instant::now(),
+        );
+        assert!(p.load().is_empty());
+    }
+}

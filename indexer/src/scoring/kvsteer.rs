@@ -1,0 +1,287 @@
+//! The `kvsteer` policy: predicted time to first token.
+//!
+//! ```text
+//! queued   = max(unprefilled tokens we sent, scraped waiting × waiting_request_tokens)
+//! slots    = (waiting + 1) × slot_time / running   (when waiting > 0: wait for free slots)
+//! uncached = max(prompt − gpu_hits × gpu_hit_weight − cpu_hits × cpu_hit_weight, 1)
+//! ttft_ms  = max(1000 × queued / rate, 1000 × slots)   (wait for the work ahead)
+//!          + running × decode_ms_per_running (decode steps sharing the batches)
+//!          + 1000 × uncached / rate          (this request's own prefill)
+//! ```
+//! The queue term takes the larger of our count and the engine's because the
+//! engine's waiting queue contains our requests too (summing would count them
+//! twice) but also sees traffic from other routers, and the scrape lags.
+//! The slot term covers the other reason a vLLM queue forms: every running
+//! slot (`max_num_seqs`) or KV block taken, so waiting requests start only as
+//! running ones finish. `slot_time` is how long a request holds its slot
+//! after its first token, from the engine's own latency histograms (mean
+//! end-to-end latency minus mean TTFT, see `scrape.rs`).
+
+use super::WorkerView;
+use crate::config::ScoringConfig;
+
+/// The predicted TTFT of one request on one worker, by component.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Prediction {
+    /// Tokens to prefill ahead of this request.
+    pub queued_tokens: f64,
+    /// This request's tokens to prefill after cache hits.
+    pub uncached_tokens: f64,
+    pub queue_ms: f64,
+    pub decode_ms: f64,
+    pub prefill_ms: f64,
+    pub ttft_ms: f64,
+}
+
+impl Prediction {
+    /// Tokens the worker prefills before this request's first token.
+    pub fn work_tokens(&self) -> f64 {
+        self.queued_tokens + self.uncached_tokens
+    }
+}
+
+pub fn predict(cfg: &ScoringConfig, prompt_tokens: u32, w: &WorkerView) -> Prediction {
+    let rate = if w.prefill_rate.is_finite() && w.prefill_rate > 0.0 {
+        w.prefill_rate
+    } else {
+        cfg.prefill_rate_prior
+    };
+    let scraped_queue = w.scraped.map_or(0.0, |s| {
+        s.waiting.max(0.0) * f64::from(cfg.waiting_request_tokens)
+    });
+    let queued_tokens = (w.unprefilled_tokens as f64).max(scraped_queue);
+    let running = f64::from(w.decoding).max(w.scraped.map_or(0.0, |s| s.running.max(0.0)));
+    let prompt = f64::from(prompt_tokens);
+    let gpu = f64::from(w.gpu_hit_tokens.min(prompt_tokens));
+    let cpu = f64::from(w.cpu_hit_tokens).min(prompt - gpu);
+    // vLLM always computes at least the last prompt token.
+    let uncached_tokens =
+        (prompt - gpu * cfg.gpu_hit_weight - cpu * cfg.cpu_hit_weight).max(prompt.min(1.0));
+    // Requests waiting for a running slot (max_num_seqs or KV blocks full)
+    // start as running ones finish: R slots each held `slot_time` free one
+    // every slot_time / R, and this request needs the (waiting + 1)th.
+    let slot_wait_ms = w.scraped.map_or(0.0, |s| match s.slot_time_s() {
+        Some(slot) if s.waiting > 0.0 && s.running > 0.0 => {
+            1000.0 * (s.waiting + 1.0) * slot / s.running
+        }
+        _ => 0.0,
+    });
+    let queue_ms = (1000.0 * queued_tokens / rate).max(slot_wait_ms);
+    let decode_ms = running * cfg.decode_ms_per_running;
+    let prefill_ms = 1000.0 * uncached_tokens / rate;
+    Prediction {
+        queued_tokens,
+        uncached_tokens,
+        queue_ms,
+        decode_ms,
+        prefill_ms,
+        ttft_ms: queue_ms + decode_ms + prefill_ms,
+    }
+}
+
+/// The next prefill rate of a worker after a first-token observation:
+/// the rate that explains the observed TTFT (`work / (observed − decode)`)
+/// moves the current one by `calibration_alpha`, within the clamp.
+pub fn calibrate(
+    cfg: &ScoringConfig,
+    current_rate: f64,
+    predicted: &Prediction,
+    observed_ms: f64,
+) -> f64 {
+    let work = predicted.work_tokens();
+    if !(observed_ms.is_finite() && observed_ms > 0.0)
+        || work < f64::from(cfg.calibration_min_tokens)
+    {
+        return current_rate;
+    }
+    let prefill_s = (observed_ms - predicted.decode_ms).max(1.0) / 1000.0;
+    let implied = work / prefill_s;
+    let next = (1.0 - cfg.calibration_alpha) * current_rate + cfg.calibration_alpha * implied;
+    next.clamp(
+        cfg.prefill_rate_prior * cfg.rate_min_factor,
+        cfg.prefill_rate_prior * cfg.rate_max_factor,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Policy;
+    use crate::scoring::{ScrapedLoad, Turn, rank};
+
+    const RATE: f64 = 10_000.0;
+    const PROMPT: u32 = 8_192;
+    const MATCHED: u32 = 6_144;
+
+    fn cfg() -> ScoringConfig {
+        ScoringConfig {
+            prefill_rate_prior: RATE,
+            ..Default::default()
+        }
+    }
+
+    /// Holds most of the prompt, but has `queued` tokens of other prefills ahead.
+    fn warm(queued: u64, running: u32) -> WorkerView {
+        WorkerView {
+            up: true,
+            gpu_hit_tokens: MATCHED,
+            in_flight: 4,
+            unprefilled_tokens: queued,
+            decoding: running,
+            prefill_rate: RATE,
+            ..Default::default()
+        }
+    }
+
+    fn cold() -> WorkerView {
+        WorkerView {
+            up: true,
+            prefill_rate: RATE,
+            ..Default::default()
+        }
+    }
+
+    fn choice(views: &[WorkerView]) -> usize {
+        let t = Turn {
+            counter: 0,
+            random: 0,
+        };
+        rank(Policy::Kvsteer, &cfg(), PROMPT, views, t)[0].index
+    }
+
+    #[test]
+    fn components_add_up() {
+        let p = predict(&cfg(), PROMPT, &warm(2_000, 10));
+        assert_eq!(p.queue_ms, 200.0);
+        assert_eq!(p.decode_ms, 10.0 * cfg().decode_ms_per_running);
+        assert_eq!(p.prefill_ms, 1000.0 * f64::from(PROMPT - MATCHED) / RATE);
+        assert_eq!(p.ttft_ms, p.queue_ms + p.decode_ms + p.prefill_ms);
+    }
+
+    #[test]
+    fn fully_cached_prompt_still_prefills_one_token() {
+        let mut w = cold();
+        w.gpu_hit_tokens = PROMPT + 64;
+        assert_eq!(predict(&cfg(), PROMPT, &w).uncached_tokens, 1.0);
+        assert_eq!(predict(&cfg(), 0, &w).uncached_tokens, 0.0);
+    }
+
+    #[test]
+    fn cpu_hits_save_less_than_gpu_hits() {
+        let mut gpu = cold();
+        gpu.gpu_hit_tokens = MATCHED;
+        let mut cpu = cold();
+        cpu.cpu_hit_tokens = MATCHED;
+        let (g, c) = (predict(&cfg(), PROMPT, &gpu), predict(&cfg(), PROMPT, &cpu));
+        let expected = f64::from(PROMPT) - f64::from(MATCHED) * cfg().cpu_hit_weight;
+        assert_eq!(c.uncached_tokens, expected);
+        assert!(g.ttft_ms < c.ttft_ms && c.ttft_ms < predict(&cfg(), PROMPT, &cold()).ttft_ms);
+        assert_eq!(choice(&[cpu, gpu]), 1);
+    }
+
+    /// Warm-but-busy vs cold-and-idle: the warm worker wins while the work
+    /// queued on it costs less than the prefill it saves.
+    ///   warm: (Q + P − M)/r + R·d      cold: P/r
+    ///   warm wins ⇔ Q < M − R·d·r/1000
+    #[test]
+    fn warm_saturated_vs_cold_idle_crossover() {
+        let running = 20;
+        let d = cfg().decode_ms_per_running;
+        let crossover = f64::from(MATCHED) - f64::from(running) * d * RATE / 1000.0;
+        assert!(crossover > 0.0);
+        let below = (crossover - 16.0) as u64;
+        let above = (crossover + 16.0) as u64;
+        assert_eq!(choice(&[warm(below, running), cold()]), 0);
+        assert_eq!(choice(&[warm(above, running), cold()]), 1);
+        // Without running sequences the crossover is exactly the matched tokens.
+        assert_eq!(choice(&[warm(u64::from(MATCHED) - 1, 0), cold()]), 0);
+        assert_eq!(choice(&[warm(u64::from(MATCHED) + 1, 0), cold()]), 1);
+    }
+
+    #[test]
+    fn scraped_queue_counts_when_larger_than_ours() {
+        let mut w = warm(0, 0);
+        w.scraped = Some(ScrapedLoad {
+            waiting: 8.0,
+            running: 30.0,
+            kv_usage: 0.9,
+            ..ScrapedLoad::default()
+        });
+        let p = predict(&cfg(), PROMPT, &w);
+        assert_eq!(
+            p.queued_tokens,
+            8.0 * f64::from(cfg().waiting_request_tokens)
+        );
+        assert_eq!(p.decode_ms, 30.0 * cfg().decode_ms_per_running);
+        // A larger local count wins over the scrape (no double counting).
+        w.unprefilled_tokens = 100_000;
+        assert_eq!(predict(&cfg(), PROMPT, &w).queued_tokens, 100_000.0);
+    }
+
+    /// A worker whose slots are all taken: the new request waits for
+    /// (waiting + 1) slots to free, one every slot_time / running.
+    #[test]
+    fn full_slots_make_the_warm_worker_wait() {
+        let mut w = warm(0, 0);
+        let mut load = ScrapedLoad {
+            waiting: 6.0,
+            running: 2.0,
+            ..ScrapedLoad::default()
+        };
+        load.e2e.mean = Some(4.5);
+        load.ttft.mean = Some(0.5);
+        w.scraped = Some(load);
+        let p = predict(&cfg(), PROMPT, &w);
+        assert_eq!(p.queue_ms, 1000.0 * 7.0 * 4.0 / 2.0);
+        assert_eq!(choice(&[w, cold()]), 1);
+        // Slots free again (nobody waiting): the cache wins.
+        load.waiting = 0.0;
+        w.scraped = Some(load);
+        assert_eq!(choice(&[w, cold()]), 0);
+        // No latency observed yet: no slot term, only the token queue.
+        load.waiting = 6.0;
+        load.e2e.mean = None;
+        w.scraped = Some(load);
+        let p = predict(&cfg(), PROMPT, &w);
+        assert_eq!(p.queue_ms, 1000.0 * p.queued_tokens / RATE);
+    }
+
+    #[test]
+    fn slower_calibrated_rate_moves_the_choice() {
+        let mut slow = cold();
+        slow.prefill_rate = RATE / 4.0;
+        let mut warm_slow = warm(0, 0);
+        warm_slow.prefill_rate = RATE / 4.0;
+        // Uncached 2048 tokens at rate/4 (819 ms) vs 8192 at rate (819 ms): tie
+        // broken by load; one block more cached decides.
+        warm_slow.gpu_hit_tokens = MATCHED + 16;
+        assert_eq!(choice(&[warm_slow, cold()]), 0);
+        assert_eq!(choice(&[slow, cold()]), 1);
+    }
+
+    #[test]
+    fn calibration_moves_towards_observation_and_is_clamped() {
+        let c = cfg();
+        let p = predict(&c, PROMPT, &cold());
+        // Observed twice as slow as predicted: the rate drops by alpha/2.
+        let next = calibrate(&c, RATE, &p, 2.0 * p.ttft_ms);
+        let expected = (1.0 - c.calibration_alpha) * RATE + c.calibration_alpha * RATE / 2.0;
+        assert!((next - expected).abs() < 1e-6, "{next} vs {expected}");
+        // As observed: no change.
+        assert!((calibrate(&c, RATE, &p, p.ttft_ms) - RATE).abs() < 1e-6);
+        // Absurdly fast or slow observations stay within the clamp.
+        let mut r = RATE;
+        for _ in 0..1000 {
+            r = calibrate(&c, r, &p, 0.001);
+        }
+        assert_eq!(r, RATE * c.rate_max_factor);
+        for _ in 0..1000 {
+            r = calibrate(&c, r, &p, 1e9);
+        }
+        assert_eq!(r, RATE * c.rate_min_factor);
+        // Too little work to tell, or nonsense: unchanged.
+        let tiny = predict(&c, 8, &cold());
+        assert_eq!(calibrate(&c, RATE, &tiny, 500.0), RATE);
+        assert_eq!(calibrate(&c, RATE, &p, f64::NAN), RATE);
+    }
+}

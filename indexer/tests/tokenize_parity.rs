@@ -1,0 +1,82 @@
+//! `kvsteer-indexer tokenize` prints exactly the ids of `shared/chat-parity/`.
+
+use serde_json::Value;
+use std::{path::PathBuf, process::Command};
+
+fn shared() -> PathBuf {
+    std::env::var_os("KVSTEER_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")))
+}
+
+#[test]
+fn tokenize_matches_every_parity_file() {
+    let dir = shared().join("chat-parity");
+    let expected = std::fs::read_to_string(dir.join("expected.jsonl")).expect("expected.jsonl");
+    let tokenizer = shared().join("tokenizers/qwen3");
+    let mut checked = 0;
+    for line in expected.lines().filter(|l| !l.trim().is_empty()) {
+        let want: Value = serde_json::from_str(line).expect("expected line");
+        let file = want["file"].as_str().expect("file");
+        let endpoint = want["endpoint"].as_str().expect("endpoint");
+        let out = Command::new(env!("CARGO_BIN_EXE_kvsteer-indexer"))
+            .args(["tokenize", "--endpoint", endpoint, "--tokenizer"])
+            .arg(&tokenizer)
+            .arg("--request")
+            .arg(dir.join(file))
+            .output()
+            .expect("run kvsteer-indexer");
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+        assert_eq!(got["token_ids"], want["token_ids"], "{file}");
+        checked += 1;
+    }
+    assert_eq!(checked, 20);
+}
+
+#[test]
+fn tokenize_reports_bad_requests() {
+    let tmp = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(tmp.path(), r#"{"model":"m","messages":"nope"}"#).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvsteer-indexer"))
+        .args(["tokenize", "--endpoint", "chat", "--tokenizer"])
+        .arg(shared().join("tokenizers/qwen3"))
+        .arg("--request")
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("messages"));
+}
+
+#[test]
+fn check_config_names_the_bad_field() {
+    let tmp = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        tmp.path(),
+        "models: [{name: m, tokenizer: t}]\nworkers: [{name: w, endpoint: nowhere, model: m}]\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvsteer-indexer"))
+        .args(["check-config", "--config"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("workers[0].endpoint"));
+    let ok = Command::new(env!("CARGO_BIN_EXE_kvsteer-indexer"))
+        .args(["check-config", "--config"])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/config.example.yaml"))
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("policy: kvsteer"));
+}

@@ -1,0 +1,417 @@
+//! Indexer side: one task per engine endpoint turning the PUB stream (plus
+//! replays) into an ordered, de-duplicated [`StreamItem`] stream.
+//!
+//! Session: create SUB (connect, or bind when `bind`), subscribe, emit
+//! `Connected`, replay what was missed (everything buffered on first start),
+//! then read live messages. A gap triggers a replay from the last delivered
+//! seq; a seq that went back (another payload for an old seq) is an engine
+//! restart: `Reset`, then a replay from 0. With no live message for
+//! `idle_reconnect`, the replay endpoint is probed (catching restarts whose
+//! live messages were lost); without a replay endpoint, or if the probe fails,
+//! the SUB socket is recreated, since zeromq-rs may not notice a dead peer.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use zeromq::prelude::*;
+use zeromq::{SocketOptions, SubSocket, ZmqError, ZmqMessage};
+
+use super::frames::parse_live;
+use super::replay_client::{ReplayedBatch, fetch_replay};
+use super::sequencer::{Live, ReplayPlan, Sequencer};
+use crate::{DecodeError, EventBatch, decode_batch};
+
+/// Bound on the replay connect and on each wait for the next replay message.
+pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(1);
+/// Bound on one SUB connect attempt (the publisher may not be up yet).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriberConfig {
+    /// The engine's PUB endpoint (or, with `bind`, the endpoint to bind).
+    pub endpoint: String,
+    pub replay_endpoint: Option<String>,
+    /// Topic prefix to subscribe to; `""` = all.
+    pub topic: String,
+    /// Bind the SUB socket instead of connecting (vLLM publishers given a
+    /// non-wildcard endpoint connect to it).
+    pub bind: bool,
+    /// Extra attempts of a failed replay request.
+    pub max_replay_retries: u32,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// Probe/recreate after this long without a live message; `None` = never.
+    pub idle_reconnect: Option<Duration>,
+}
+
+impl Default for SubscriberConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: "tcp://127.0.0.1:5557".to_owned(),
+            replay_endpoint: None,
+            topic: String::new(),
+            bind: false,
+            max_replay_retries: 3,
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            idle_reconnect: Some(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// What a subscriber hands to its consumer, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamItem {
+    /// A decoded batch; `skipped` events could not be decoded; `replayed`
+    /// when it came through the replay socket rather than live.
+    Batch {
+        seq: u64,
+        batch: EventBatch,
+        skipped: usize,
+        replayed: bool,
+    },
+    /// A payload that could not be decoded at all; the stream continues.
+    Malformed {
+        seq: u64,
+        error: DecodeError,
+    },
+    Connected,
+    Disconnected,
+    /// Live seq `got` arrived while `expected` was next; a replay follows.
+    Gap {
+        expected: u64,
+        got: u64,
+    },
+    /// The engine restarted (seq went back): drop everything of this engine.
+    /// Batches from seq 0 of the new incarnation follow.
+    Reset {
+        last_seq: u64,
+        got: u64,
+    },
+    /// Batches from `from` on could not be replayed; they are lost.
+    ReplayFailed {
+        from: u64,
+        error: String,
+    },
+}
+
+/// Spawns the subscriber task. It runs until `shutdown` turns `true` (or its
+/// sender is dropped), or the consumer drops the receiver; errors are logged
+/// and retried with backoff.
+pub fn spawn_subscriber(
+    cfg: SubscriberConfig,
+    tx: mpsc::Sender<StreamItem>,
+    shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(
+        Worker {
+            cfg,
+            tx,
+            shutdown,
+            seq: Sequencer::default(),
+        }
+        .run(),
+    )
+}
+
+/// The task must end: shutdown requested or consumer gone.
+struct Stop;
+
+type Flow<T> = Result<T, Stop>;
+
+struct Worker {
+    cfg: SubscriberConfig,
+    tx: mpsc::Sender<StreamItem>,
+    shutdown: watch::Receiver<bool>,
+    seq: Sequencer,
+}
+
+enum Next {
+    Message(Result<ZmqMessage, ZmqError>),
+    Idle,
+}
+
+// === impl Worker ===
+
+impl Worker {
+    async fn run(mut self) {
+        let mut backoff = self.cfg.backoff_initial;
+        loop {
+            if *self.shutdown.borrow() {
+                break;
+            }
+            if self.session(&mut backoff).await.is_err() {
+                break;
+            }
+            if self.sleep(backoff).await.is_err() {
+                break;
+            }
+            backoff = (backoff * 2).min(self.cfg.backoff_max);
+        }
+        tracing::debug!(endpoint = %self.cfg.endpoint, "kv event subscriber stopped");
+    }
+
+    /// One SUB socket's lifetime. `Ok` means "recreate after a backoff".
+    async fn session(&mut self, backoff: &mut Duration) -> Flow<()> {
+        let cfg = self.cfg.clone();
+        let mut sub = match self.cancellable(open_sub(&cfg)).await? {
+            Ok(sub) => sub,
+            Err(e) => {
+                tracing::warn!(endpoint = %self.cfg.endpoint, error = %e, "SUB connect failed");
+                return Ok(());
+            }
+        };
+        tracing::info!(endpoint = %self.cfg.endpoint, bind = self.cfg.bind, "kv event SUB connected");
+        *backoff = self.cfg.backoff_initial;
+        self.emit(StreamItem::Connected).await?;
+        if self.cfg.replay_endpoint.is_some() {
+            let from = self.seq.resume_from();
+            if let Some(replies) = self.replay(from).await? {
+                self.apply_replay(replies).await?;
+            }
+        }
+        let ended = self.live(&mut sub).await;
+        // Release a bound endpoint before the next session binds it again.
+        for e in sub.close().await {
+            tracing::debug!(endpoint = %self.cfg.endpoint, error = %e, "closing SUB");
+        }
+        ended?;
+        self.emit(StreamItem::Disconnected).await
+    }
+
+    async fn live(&mut self, sub: &mut SubSocket) -> Flow<()> {
+        loop {
+            let idle = self.cfg.idle_reconnect;
+            let next = async {
+                match idle {
+                    Some(d) => match tokio::time::timeout(d, sub.recv()).await {
+                        Ok(m) => Next::Message(m),
+                        Err(_) => Next::Idle,
+                    },
+                    None => Next::Message(sub.recv().await),
+                }
+            };
+            match self.cancellable(next).await? {
+                Next::Message(Ok(msg)) => self.on_live(msg).await?,
+                Next::Message(Err(e)) => {
+                    tracing::warn!(endpoint = %self.cfg.endpoint, error = %e, "SUB receive failed");
+                    return Ok(());
+                }
+                Next::Idle => {
+                    if !self.probe().await? {
+                        tracing::info!(endpoint = %self.cfg.endpoint, "no live message and no replay answer: recreating SUB");
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Replays from the resume point after an idle period; `false` when the
+    /// engine did not answer (or cannot be probed).
+    async fn probe(&mut self) -> Flow<bool> {
+        let Some(endpoint) = self.cfg.replay_endpoint.clone() else {
+            return Ok(false);
+        };
+        let from = self.seq.resume_from();
+        match self
+            .cancellable(fetch_replay(&endpoint, from, REPLAY_TIMEOUT))
+            .await?
+        {
+            Ok(replies) => {
+                self.apply_replay(replies).await?;
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::info!(endpoint = %endpoint, start_seq = from, error = %e, "idle probe failed");
+                Ok(false)
+            }
+        }
+    }
+
+    async fn on_live(&mut self, msg: ZmqMessage) -> Flow<()> {
+        let msg = match parse_live(msg.into_vec()) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(endpoint = %self.cfg.endpoint, error = %e, "malformed live message");
+                return Ok(());
+            }
+        };
+        let (seq, payload) = (msg.seq, msg.payload);
+        let can_replay = self.cfg.replay_endpoint.is_some();
+        let mut replayed_once = false;
+        loop {
+            match self.seq.classify_live(seq, &payload) {
+                Live::Deliver => return self.deliver(seq, &payload, false).await,
+                Live::Duplicate => {
+                    tracing::trace!(seq, "duplicate live batch dropped");
+                    return Ok(());
+                }
+                // Joining a running engine without replay: start where it is.
+                Live::Gap { .. } if self.seq.last().is_none() && !can_replay => {
+                    return self.deliver(seq, &payload, false).await;
+                }
+                Live::Gap { expected } => {
+                    if !replayed_once {
+                        tracing::info!(endpoint = %self.cfg.endpoint, expected, got = seq, "gap in live stream");
+                        self.emit(StreamItem::Gap { expected, got: seq }).await?;
+                    }
+                    if replayed_once || !can_replay {
+                        // The replay could not fill it: accept the loss.
+                        return self.deliver(seq, &payload, false).await;
+                    }
+                    replayed_once = true;
+                    let from = self.seq.resume_from();
+                    if let Some(replies) = self.replay(from).await? {
+                        self.apply_replay(replies).await?;
+                    }
+                }
+                Live::Reset { last_seq } => {
+                    tracing::info!(endpoint = %self.cfg.endpoint, last_seq, got = seq, "engine restarted");
+                    self.emit(StreamItem::Reset { last_seq, got: seq }).await?;
+                    self.seq.reset();
+                    if replayed_once || !can_replay {
+                        return self.deliver(seq, &payload, false).await;
+                    }
+                    replayed_once = true;
+                    if let Some(replies) = self.replay(0).await? {
+                        self.apply_replay(replies).await?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Delivers what a replay brought, handling a restart it revealed.
+    async fn apply_replay(&mut self, mut replies: Vec<ReplayedBatch>) -> Flow<()> {
+        let mut reset_done = false;
+        loop {
+            match self.seq.plan_replay(&replies) {
+                ReplayPlan::Reset { last_seq, got } if !reset_done => {
+                    tracing::info!(endpoint = %self.cfg.endpoint, last_seq, got, "engine restarted (seen in replay)");
+                    self.emit(StreamItem::Reset { last_seq, got }).await?;
+                    self.seq.reset();
+                    reset_done = true;
+                    match self.replay(0).await? {
+                        Some(r) => replies = r,
+                        None => return Ok(()),
+                    }
+                }
+                ReplayPlan::Reset { .. } => return Ok(()),
+                ReplayPlan::Deliver { indices, lost } => {
+                    if let Some((from, to)) = lost {
+                        let error = format!(
+                            "replay buffer starts at seq {to}; seq {from}..{to} are no longer buffered"
+                        );
+                        tracing::warn!(endpoint = %self.cfg.endpoint, from, to, "replay incomplete");
+                        self.emit(StreamItem::ReplayFailed { from, error }).await?;
+                    }
+                    for i in indices {
+                        let ReplayedBatch { seq, payload } = &replies[i];
+                        self.deliver(*seq, payload, true).await?;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// A replay request with bounded retries and exponential backoff;
+    /// `None` (after emitting `ReplayFailed`) when every attempt failed.
+    async fn replay(&mut self, from: u64) -> Flow<Option<Vec<ReplayedBatch>>> {
+        let Some(endpoint) = self.cfg.replay_endpoint.clone() else {
+            return Ok(None);
+        };
+        let mut delay = self.cfg.backoff_initial;
+        let mut attempt = 0;
+        loop {
+            match self
+                .cancellable(fetch_replay(&endpoint, from, REPLAY_TIMEOUT))
+                .await?
+            {
+                Ok(replies) => {
+                    tracing::debug!(endpoint = %endpoint, start_seq = from, n = replies.len(), "replay received");
+                    return Ok(Some(replies));
+                }
+                Err(e) if attempt >= self.cfg.max_replay_retries => {
+                    tracing::warn!(endpoint = %endpoint, start_seq = from, error = %e, "replay failed");
+                    let error = e.to_string();
+                    self.emit(StreamItem::ReplayFailed { from, error }).await?;
+                    return Ok(None);
+                }
+                Err(e) => {
+                    tracing::debug!(endpoint = %endpoint, start_seq = from, attempt, error = %e, "replay attempt failed");
+                    self.sleep(delay).await?;
+                    delay = (delay * 2).min(self.cfg.backoff_max);
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    async fn deliver(&mut self, seq: u64, payload: &Bytes, replayed: bool) -> Flow<()> {
+        self.seq.delivered(seq, payload);
+        let item = match decode_batch(payload) {
+            Ok(d) => StreamItem::Batch {
+                seq,
+                skipped: d.skipped.len(),
+                batch: d.batch,
+                replayed,
+            },
+            Err(error) => {
+                tracing::warn!(endpoint = %self.cfg.endpoint, seq, error = %error, "undecodable payload");
+                StreamItem::Malformed { seq, error }
+            }
+        };
+        self.emit(item).await
+    }
+
+    /// Sends to the consumer, waiting for room (backpressure), unless shut down.
+    async fn emit(&mut self, item: StreamItem) -> Flow<()> {
+        let tx = self.tx.clone();
+        match self.cancellable(tx.send(item)).await? {
+            Ok(()) => Ok(()),
+            Err(_) => {
+                tracing::debug!(endpoint = %self.cfg.endpoint, "consumer gone");
+                Err(Stop)
+            }
+        }
+    }
+
+    async fn sleep(&mut self, d: Duration) -> Flow<()> {
+        self.cancellable(tokio::time::sleep(d)).await
+    }
+
+    /// Runs `fut` unless shutdown comes first (checked first: `biased`).
+    async fn cancellable<T>(&mut self, fut: impl Future<Output = T>) -> Flow<T> {
+        if *self.shutdown.borrow() {
+            return Err(Stop);
+        }
+        tokio::select! {
+            biased;
+            _ = wait_shutdown(&mut self.shutdown) => Err(Stop),
+            v = fut => Ok(v),
+        }
+    }
+}
+
+/// Resolves when shutdown is signalled or its sender is gone.
+async fn wait_shutdown(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+async fn open_sub(cfg: &SubscriberConfig) -> Result<SubSocket, ZmqError> {
+    let mut options = SocketOptions::default();
+    options.connect_timeout(CONNECT_TIMEOUT);
+    let mut sub = SubSocket::with_options(options);
+    sub.subscribe(&cfg.topic).await?;
+    if cfg.bind {
+        sub.bind(&cfg.endpoint.replacen("://*:", "://0.0.0.0:", 1))
+            .await?;
+    } else {
+        sub.connect(&cfg.endpoint).await?;
+    }
+    Ok(sub)
+}

@@ -1,0 +1,243 @@
+//! The router in virtual time: the indexer's own index, load tracker and
+//! scoring, driven with virtual timestamps instead of a wall clock.
+//!
+//! A pick does what `kvsteer_indexer::picker::Picker::pick` does after
+//! tokenizing (keys → `Index::lookup` → one `WorkerView` per worker →
+//! `scoring::rank` → `LoadTracker::on_pick`), and a first-token report does
+//! what `Picker::report` does (`on_first_token` → `calibrate` → `set_rate`).
+//! The `Picker` itself cannot be driven here: it tokenizes text (we have
+//! token ids), draws `rand::random()` for the random policy and stamps picks
+//! with `Instant::now()`. Virtual time maps onto `Instant`s as
+//! `base + t`, so the tracker's durations are virtual durations.
+
+use std::time::{Duration, Instant};
+
+use futures::executor::block_on;
+use kvsteer_indexer::config::ScoringConfig;
+use kvsteer_indexer::index::{Index, WorkerMatch};
+use kvsteer_indexer::keys::{KeyContext, prompt_keys};
+use kvsteer_indexer::load::{LoadTracker, Pending};
+use kvsteer_indexer::scoring::{self, Prediction, ScrapedLoad, Turn, WorkerView};
+use kvsteer_kv_events::decode_batch;
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::peers::{DynamoLike, PeerView, SglangLike};
+use super::policy::BenchPolicy;
+use crate::engine::EngineStats;
+
+/// The model name the simulated workers serve (keys are seeded by it).
+pub const MODEL: &str = "kvsteer-sim/bench";
+/// Index capacity, `(block, worker)` entries (the service's default).
+const INDEX_CAPACITY: usize = kvsteer_indexer::config::DEFAULT_INDEX_CAPACITY;
+
+pub struct VirtualRouter {
+    policy: BenchPolicy,
+    scoring: ScoringConfig,
+    keys: KeyContext,
+    block_size: u32,
+    index: Index,
+    load: LoadTracker,
+    base: Instant,
+    counter: usize,
+    rng: ChaCha8Rng,
+    scraped: Vec<Option<ScrapedLoad>>,
+    dynamo: DynamoLike,
+    sglang: SglangLike,
+    /// KV batches that failed to decode or had skipped blocks.
+    pub event_errors: u64,
+}
+
+/// A pick: the worker and what the service would have predicted there.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Choice {
+    pub worker: usize,
+    pub prediction: Prediction,
+    pub matched_tokens: u32,
+}
+
+// === impl VirtualRouter ===
+
+impl VirtualRouter {
+    pub fn new(
+        policy: BenchPolicy,
+        scoring: ScoringConfig,
+        workers: usize,
+        block_size: u32,
+        seed: u64,
+    ) -> Self {
+        let index = Index::memory(INDEX_CAPACITY);
+        for w in 0..workers {
+            index.register_worker(w as u32, MODEL, block_size);
+        }
+        let ttl = Duration::from_secs(scoring.in_flight_ttl_s);
+        Self {
+            load: LoadTracker::new(workers, scoring.prefill_rate_prior, ttl),
+            policy,
+            scoring,
+            keys: KeyContext::new(MODEL, None, block_size),
+            block_size,
+            index,
+            base: Instant::now(),
+            counter: 0,
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x0007_a11e),
+            scraped: vec![None; workers],
+            dynamo: DynamoLike::new(workers),
+            sglang: SglangLike::new(workers, block_size),
+            event_errors: 0,
+        }
+    }
+
+    fn instant(&self, t: f64) -> Instant {
+        self.base + Duration::from_secs_f64(t.max(0.0))
+    }
+
+    pub fn pick(&mut self, id: u64, prompt: &[u32], now: f64) -> Choice {
+        let n = self.scraped.len();
+        let prompt_tokens = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
+        let keys = prompt_keys(&self.keys, None, prompt);
+        let matches: Vec<WorkerMatch> = if keys.is_empty() {
+            Vec::new()
+        } else {
+            // The memory backend answers inline; an error cannot happen there
+            // but would degrade to "no matches" like the service.
+            block_on(self.index.lookup(&keys)).unwrap_or_default()
+        };
+        let mut gpu_blocks = vec![(0u32, 0u32); n];
+        for m in &matches {
+            if let Some(slot) = gpu_blocks.get_mut(m.worker as usize) {
+                *slot = (m.gpu_blocks, m.cpu_blocks.max(m.gpu_blocks));
+            }
+        }
+        let loads = self.load.snapshot();
+        let views: Vec<WorkerView> = (0..n)
+            .map(|w| {
+                let l = loads[w];
+                let (gpu, any) = gpu_blocks[w];
+                WorkerView {
+                    up: true,
+                    gpu_hit_tokens: gpu.saturating_mul(self.block_size),
+                    cpu_hit_tokens: (any - gpu).saturating_mul(self.block_size),
+                    in_flight: l.in_flight,
+                    unprefilled_tokens: l.unprefilled_tokens,
+                    decoding: l.decoding,
+                    scraped: self.scraped[w],
+                    prefill_rate: l.prefill_rate,
+                }
+            })
+            .collect();
+        let turn = Turn {
+            counter: self.counter,
+            random: self.rng.next_u64(),
+        };
+        self.counter += 1;
+        let tie = |w: usize| (w + n - turn.counter % n) % n;
+        let worker = match self.policy {
+            BenchPolicy::Indexer(p) => {
+                scoring::rank(p.into(), &self.scoring, prompt_tokens, &views, turn)
+                    .first()
+                    .map_or(0, |r| r.index)
+            }
+            BenchPolicy::DynamoLike => {
+                let peer: Vec<PeerView> = gpu_blocks
+                    .iter()
+                    .map(|&(g, _)| PeerView { cached_blocks: g })
+                    .collect();
+                self.dynamo
+                    .choose(prompt_tokens, self.block_size, &keys, &peer, tie)
+            }
+            BenchPolicy::SglangLike => self.sglang.choose(prompt_tokens, &keys, now, tie),
+        };
+        let prediction = scoring::predict(&self.scoring, prompt_tokens, &views[worker]);
+        match self.policy {
+            BenchPolicy::DynamoLike => self.dynamo.on_pick(
+                id,
+                worker,
+                prompt_tokens,
+                self.block_size,
+                keys,
+                gpu_blocks[worker].0,
+            ),
+            BenchPolicy::SglangLike => self.sglang.on_pick(id, worker, &keys),
+            BenchPolicy::Indexer(_) => {}
+        }
+        self.load.on_pick(
+            &id.to_string(),
+            Pending {
+                worker,
+                prediction,
+                picked_at: self.instant(now),
+                first_token_at: None,
+                tenant: "bench".to_owned(),
+                policy: self.policy.name(),
+            },
+        );
+        Choice {
+            worker,
+            prediction,
+            matched_tokens: views[worker].matched_tokens().min(prompt_tokens),
+        }
+    }
+
+    /// The filter's first-token report (`Picker::report(FirstToken)`).
+    pub fn first_token(&mut self, id: u64, now: f64) {
+        self.dynamo.on_first_token(id);
+        let at = self.instant(now);
+        let Some(p) = self.load.on_first_token(&id.to_string(), at) else {
+            return;
+        };
+        let observed_ms = at.saturating_duration_since(p.picked_at).as_secs_f64() * 1000.0;
+        let current = self
+            .load
+            .snapshot()
+            .get(p.worker)
+            .map_or(self.scoring.prefill_rate_prior, |l| l.prefill_rate);
+        let next = scoring::calibrate(&self.scoring, current, &p.prediction, observed_ms);
+        if next != current {
+            self.load.set_rate(p.worker, next);
+        }
+    }
+
+    /// The filter's done report.
+    pub fn done(&mut self, id: u64) {
+        self.dynamo.on_done(id);
+        self.sglang.on_done(id);
+        self.load.on_finish(&id.to_string());
+    }
+
+    /// One KV event payload as it came off the wire.
+    pub fn apply_events(&mut self, worker: usize, payload: &[u8]) {
+        match decode_batch(payload) {
+            Ok(decoded) => {
+                let stats = block_on(self.index.apply_batch(worker as u32, &decoded.batch));
+                if !decoded.skipped.is_empty() || stats.skipped > 0 {
+                    self.event_errors += 1;
+                }
+            }
+            Err(_) => self.event_errors += 1,
+        }
+    }
+
+    /// A metrics scrape of every engine, and the tracker's TTL sweep (the
+    /// service does both on its scrape timer).
+    pub fn scrape(&mut self, stats: &[EngineStats], now: f64) {
+        for (slot, s) in self.scraped.iter_mut().zip(stats) {
+            *slot = Some(ScrapedLoad {
+                waiting: s.waiting as f64,
+                running: s.running as f64,
+                kv_usage: s.kv_usage,
+                ..ScrapedLoad::default()
+            });
+        }
+        self.load.expire(self.instant(now));
+    }
+
+    /// Calibrated prefill rate per worker (tokens/s).
+    pub fn prefill_rates(&self) -> Vec<f64> {
+        self.load
+            .snapshot()
+            .iter()
+            .map(|l| l.prefill_rate)
+            .collect()
+    }
+}

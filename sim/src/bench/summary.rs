@@ -1,0 +1,244 @@
+//! From request records to the figures of one run (the JSON contract).
+
+use serde::Serialize;
+
+use super::driver::{RequestRecord, RunOutput};
+
+/// The seed benchmark's objective: 90 % of first tokens within 8 s.
+pub const SEED_TTFT_P90_S: f64 = 8.0;
+/// A chat objective: 90 % of first tokens within 1 s.
+pub const CHAT_TTFT_P90_S: f64 = 1.0;
+
+/// One entry of `runs` in the JSON output. The first fields are the
+/// contract; the rest are extra.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunSummary {
+    pub workload: String,
+    pub policy: String,
+    pub rate_per_min: f64,
+    pub requests: u64,
+    pub ttft_p50_s: f64,
+    pub ttft_p90_s: f64,
+    pub ttft_p99_s: f64,
+    pub e2e_p50_s: f64,
+    pub throughput_rps: f64,
+    /// Throughput (requests/min) when p90 TTFT ≤ 8 s, else 0.
+    pub goodput_rpm: f64,
+    /// Throughput (requests/min) when p90 TTFT ≤ 1 s, else 0.
+    pub goodput_chat_rpm: f64,
+    /// Cached prompt tokens / prompt tokens, over finished requests.
+    pub cache_hit_rate: f64,
+    /// Coefficient of variation of requests per worker.
+    pub imbalance_cov: f64,
+    // --- extra ---
+    pub completed: u64,
+    pub rejected: u64,
+    pub ttft_mean_s: f64,
+    pub ttft_max_s: f64,
+    pub e2e_p90_s: f64,
+    /// Share of finished requests with TTFT ≤ 8 s / ≤ 1 s.
+    pub slo_attainment: f64,
+    pub slo_attainment_chat: f64,
+    /// Requests/min that met 8 s (per request, whatever the p90).
+    pub good_requests_rpm: f64,
+    /// Median |predicted − observed| TTFT of the chosen worker (s).
+    pub prediction_error_p50_s: f64,
+    pub requests_per_worker: Vec<u64>,
+    /// kvsteer's calibrated prefill rate per worker at the end (tokens/s).
+    pub calibrated_prefill_rates: Vec<f64>,
+    pub preemptions: u64,
+    pub kv_event_batches: u64,
+    pub kv_event_errors: u64,
+    pub engine_steps: u64,
+    pub simulated_s: f64,
+}
+
+/// Nearest-rank percentile of sorted values (0 when empty).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// Rounds to 6 significant decimals so the JSON is stable and readable.
+fn r6(x: f64) -> f64 {
+    if x.is_finite() {
+        (x * 1e6).round() / 1e6
+    } else {
+        0.0
+    }
+}
+
+pub fn summarize(
+    workload: &str,
+    policy: &str,
+    rate_per_min: f64,
+    workers: usize,
+    out: &RunOutput,
+) -> RunSummary {
+    let recs: Vec<&RequestRecord> = out.records.iter().collect();
+    let done: Vec<&RequestRecord> = recs
+        .iter()
+        .copied()
+        .filter(|r| r.finished_at.is_some())
+        .collect();
+    let ttft = sorted(
+        done.iter()
+            .filter_map(|r| Some(r.first_token_at? - r.arrival))
+            .collect(),
+    );
+    let e2e = sorted(
+        done.iter()
+            .filter_map(|r| Some(r.finished_at? - r.arrival))
+            .collect(),
+    );
+    let first = recs.iter().map(|r| r.arrival).fold(f64::INFINITY, f64::min);
+    let last = done
+        .iter()
+        .filter_map(|r| r.finished_at)
+        .fold(0.0, f64::max);
+    let span = if first.is_finite() {
+        (last - first.min(0.0)).max(1e-9)
+    } else {
+        1.0
+    };
+    let throughput = done.len() as f64 / span;
+    let p90 = percentile(&ttft, 90.0);
+    let prompt: u64 = done.iter().map(|r| u64::from(r.prompt_tokens)).sum();
+    let cached: u64 = done.iter().map(|r| u64::from(r.cached_tokens)).sum();
+    let mut per_worker = vec![0u64; workers];
+    for r in recs.iter().filter(|r| !r.rejected) {
+        if let Some(c) = per_worker.get_mut(r.worker) {
+            *c += 1;
+        }
+    }
+    let mean = per_worker.iter().sum::<u64>() as f64 / workers.max(1) as f64;
+    let var = per_worker
+        .iter()
+        .map(|&c| (c as f64 - mean).powi(2))
+        .sum::<f64>()
+        / workers.max(1) as f64;
+    let within = |limit: f64| ttft.iter().filter(|&&t| t <= limit).count();
+    let share = |n: usize| {
+        if ttft.is_empty() {
+            0.0
+        } else {
+            n as f64 / ttft.len() as f64
+        }
+    };
+    let errors = sorted(
+        done.iter()
+            .filter_map(|r| Some((r.first_token_at? - r.arrival - r.predicted_ttft_s).abs()))
+            .collect(),
+    );
+    RunSummary {
+        workload: workload.to_owned(),
+        policy: policy.to_owned(),
+        rate_per_min,
+        requests: recs.len() as u64,
+        ttft_p50_s: r6(percentile(&ttft, 50.0)),
+        ttft_p90_s: r6(p90),
+        ttft_p99_s: r6(percentile(&ttft, 99.0)),
+        e2e_p50_s: r6(percentile(&e2e, 50.0)),
+        throughput_rps: r6(throughput),
+        goodput_rpm: r6(if !ttft.is_empty() && p90 <= SEED_TTFT_P90_S {
+            throughput * 60.0
+        } else {
+            0.0
+        }),
+        goodput_chat_rpm: r6(if !ttft.is_empty() && p90 <= CHAT_TTFT_P90_S {
+            throughput * 60.0
+        } else {
+            0.0
+        }),
+        cache_hit_rate: r6(if prompt > 0 {
+            cached as f64 / prompt as f64
+        } else {
+            0.0
+        }),
+        imbalance_cov: r6(if mean > 0.0 { var.sqrt() / mean } else { 0.0 }),
+        completed: done.len() as u64,
+        rejected: recs.iter().filter(|r| r.rejected).count() as u64,
+        ttft_mean_s: r6(ttft.iter().sum::<f64>() / ttft.len().max(1) as f64),
+        ttft_max_s: r6(ttft.last().copied().unwrap_or(0.0)),
+        e2e_p90_s: r6(percentile(&e2e, 90.0)),
+        slo_attainment: r6(share(within(SEED_TTFT_P90_S))),
+        slo_attainment_chat: r6(share(within(CHAT_TTFT_P90_S))),
+        good_requests_rpm: r6(within(SEED_TTFT_P90_S) as f64 / span * 60.0),
+        prediction_error_p50_s: r6(percentile(&errors, 50.0)),
+        requests_per_worker: per_worker,
+        calibrated_prefill_rates: out.prefill_rates.iter().map(|&r| r6(r).round()).collect(),
+        preemptions: out.preemptions,
+        kv_event_batches: out.event_batches,
+        kv_event_errors: out.event_errors,
+        engine_steps: out.steps,
+        simulated_s: r6(out.end_s),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::workload::Tenant;
+
+    fn rec(worker: usize, arrival: f64, ttft: f64, e2e: f64) -> RequestRecord {
+        RequestRecord {
+            tenant: Tenant::Chat,
+            arrival,
+            worker,
+            prompt_tokens: 100,
+            matched_tokens: 0,
+            predicted_ttft_s: ttft,
+            cached_tokens: 50,
+            first_token_at: Some(arrival + ttft),
+            finished_at: Some(arrival + e2e),
+            rejected: false,
+        }
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 5.0);
+        assert_eq!(percentile(&v, 90.0), 9.0);
+        assert_eq!(percentile(&v, 99.0), 10.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+    }
+
+    #[test]
+    fn goodput_needs_the_objective() {
+        let mut out = RunOutput {
+            records: (0..10)
+                .map(|i| rec(i % 2, f64::from(i as u32), 0.5, 2.0))
+                .collect(),
+            preemptions: 0,
+            event_batches: 0,
+            event_errors: 0,
+            steps: 0,
+            end_s: 11.0,
+            prefill_rates: vec![],
+        };
+        let s = summarize("w", "p", 60.0, 2, &out);
+        assert_eq!(s.requests, 10);
+        assert_eq!(s.cache_hit_rate, 0.5);
+        assert_eq!(s.imbalance_cov, 0.0);
+        assert!((s.throughput_rps - 10.0 / 11.0).abs() < 1e-6);
+        assert_eq!(s.goodput_rpm, s.goodput_chat_rpm);
+        assert!(s.goodput_rpm > 0.0);
+        for r in &mut out.records {
+            r.first_token_at = Some(r.arrival + 2.0);
+            r.worker = 0;
+        }
+        let s = summarize("w", "p", 60.0, 2, &out);
+        assert_eq!(s.goodput_chat_rpm, 0.0);
+        assert!(s.goodput_rpm > 0.0);
+        assert_eq!(s.imbalance_cov, 1.0);
+    }
+}

@@ -1,0 +1,4 @@
+//! Command-line interface of the `kvsteer-sim` binary: one module per
+//! subcommand.
+
+pub mod engine;

@@ -1,0 +1,93 @@
+//! KV-cache events as the core emits them, and their conversion to vLLM's
+//! event types (`kvsteer_kv_events`) at the edge.
+
+use kvsteer_kv_events::{BlockHash, BlockRemoved, BlockStored, EventBatch, KvEvent};
+
+/// `medium` of every event: vLLM says `GPU` even on CPU engines.
+pub const MEDIUM_GPU: &str = "GPU";
+
+/// One change to the set of cached blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheEvent {
+    /// Consecutive blocks of one sequence became full and cached.
+    Stored {
+        block_hashes: Vec<u64>,
+        /// The hash of the block before the first one, `None` at the start.
+        parent_block_hash: Option<u64>,
+        /// The tokens of all blocks, `block_hashes.len() * block_size` of them.
+        token_ids: Vec<u32>,
+    },
+    /// Cached blocks were evicted (one event per block, like vLLM).
+    Removed { block_hashes: Vec<u64> },
+    /// The prefix cache was reset.
+    Cleared,
+}
+
+// === impl CacheEvent ===
+
+impl CacheEvent {
+    /// The event as vLLM 0.33 fills it for a plain full-attention model.
+    pub fn to_kv_event(&self, block_size: usize) -> KvEvent {
+        match self {
+            Self::Stored {
+                block_hashes,
+                parent_block_hash,
+                token_ids,
+            } => KvEvent::BlockStored(BlockStored {
+                block_hashes: block_hashes.iter().map(|&h| BlockHash::U64(h)).collect(),
+                parent_block_hash: parent_block_hash.map(BlockHash::U64),
+                token_ids: token_ids.clone(),
+                block_size: block_size as u32,
+                lora_id: None,
+                medium: Some(MEDIUM_GPU.to_owned()),
+                lora_name: None,
+                extra_keys: Some(vec![None; block_hashes.len()]),
+                group_idx: Some(0),
+                kv_cache_spec_kind: Some("full_attention".to_owned()),
+                ..BlockStored::default()
+            }),
+            Self::Removed { block_hashes } => KvEvent::BlockRemoved(BlockRemoved {
+                block_hashes: block_hashes.iter().map(|&h| BlockHash::U64(h)).collect(),
+                medium: Some(MEDIUM_GPU.to_owned()),
+                group_idx: Some(0),
+                ..BlockRemoved::default()
+            }),
+            Self::Cleared => KvEvent::AllBlocksCleared,
+        }
+    }
+}
+
+/// The events of one step as one vLLM batch (`data_parallel_rank` 0).
+pub fn to_event_batch(events: &[CacheEvent], block_size: usize, ts: f64) -> EventBatch {
+    EventBatch {
+        ts,
+        events: events.iter().map(|e| e.to_kv_event(block_size)).collect(),
+        data_parallel_rank: Some(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_like_vllm_033() {
+        let ev = CacheEvent::Stored {
+            block_hashes: vec![1, 2],
+            parent_block_hash: Some(7),
+            token_ids: (0..32).collect(),
+        };
+        let KvEvent::BlockStored(s) = ev.to_kv_event(16) else {
+            panic!("not stored")
+        };
+        assert_eq!(s.parent_block_hash, Some(BlockHash::U64(7)));
+        assert_eq!(s.block_size, 16);
+        assert_eq!(s.extra_keys, Some(vec![None, None]));
+        assert_eq!(s.group_idx, Some(0));
+        assert_eq!(s.kv_cache_spec_kind.as_deref(), Some("full_attention"));
+        assert_eq!(s.medium.as_deref(), Some("GPU"));
+        let batch = to_event_batch(&[CacheEvent::Cleared], 16, 1.5);
+        assert_eq!(batch.events, vec![KvEvent::AllBlocksCleared]);
+        assert_eq!(batch.data_parallel_rank, Some(0));
+    }
+}

@@ -1,0 +1,66 @@
+//! `kvsteer-sim`: a vLLM-compatible engine simulator.
+//!
+//! Subcommands: `engine` (one simulated vLLM server), `converse` (a scripted
+//! multi-turn workload against an endpoint), `bench` (routing-policy
+//! benchmark, in virtual time or live).
+#![forbid(unsafe_code)]
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use kvsteer_sim::bench::BenchArgs;
+use kvsteer_sim::cli::engine::EngineArgs;
+use kvsteer_sim::live::converse::{self, ConverseArgs};
+use kvsteer_sim::server::ServerHandle;
+
+#[derive(Parser)]
+#[command(
+    name = "kvsteer-sim",
+    version,
+    about = "vLLM-compatible engine simulator"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve one simulated vLLM engine (OpenAI HTTP + ZeroMQ KV events).
+    Engine(EngineArgs),
+    /// Run a scripted multi-turn chat workload against an endpoint and print,
+    /// per request, the worker that served it, cached tokens and TTFT.
+    Converse(ConverseArgs),
+    /// Compare routing policies on the same arrivals: in virtual time
+    /// (default; deterministic for a seed) or live through Envoy (`--live`).
+    Bench(BenchArgs),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match Cli::parse().command {
+        Command::Engine(args) => run_engine(args).await,
+        Command::Converse(args) => converse::run(&args).await.map(|_| ()),
+        Command::Bench(args) => kvsteer_sim::bench::cli::run(&args).await,
+    }
+}
+
+async fn run_engine(args: EngineArgs) -> anyhow::Result<()> {
+    let cfg = args.server_config()?;
+    let mut server = ServerHandle::start(cfg)
+        .await
+        .context("starting the engine server")?;
+    tokio::select! {
+        r = server.wait() => r.context("HTTP server")?,
+        _ = tokio::signal::ctrl_c() => {
+            tracing::info!("shutting down");
+            server.shutdown().await;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,227 @@
+//! The generation path: body → sampling params → prompt ids → engine loop
+//! → a JSON response or a vLLM-shaped SSE stream.
+
+use std::sync::atomic::Ordering;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use kvsteer_tokenize::{ChatRequest, CompletionPrompt};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use super::engine_loop::{Command, Delta, STREAM_CAPACITY};
+use super::error::ApiError;
+use super::openai::{Api, ResponseMeta, SSE_DONE, SamplingParams, sse_data};
+use super::routes::{Shared, parse_json, unix_now};
+use crate::engine::{FinishReason, SimRequest, Usage};
+
+fn tokenize_error(e: kvsteer_tokenize::Error) -> ApiError {
+    match e {
+        kvsteer_tokenize::Error::InvalidRequest(m) => ApiError::bad_request(m),
+        other => ApiError::bad_request(other.to_string()),
+    }
+}
+
+/// Prompt token ids of a body, computed off the async workers.
+pub(crate) async fn prompt_ids(
+    state: &Shared,
+    api: Api,
+    body: Value,
+) -> Result<Vec<u32>, ApiError> {
+    let tok = state.tokenizer.clone();
+    let job = move || -> Result<Vec<u32>, ApiError> {
+        match api {
+            Api::Chat => {
+                let req = ChatRequest::from_openai(&body).map_err(tokenize_error)?;
+                tok.chat_token_ids(&req).map_err(tokenize_error)
+            }
+            Api::Completions => {
+                let prompt = CompletionPrompt::from_openai(&body).map_err(tokenize_error)?;
+                let special = match body.get("add_special_tokens") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::Bool(b)) => Some(*b),
+                    Some(_) => {
+                        return Err(ApiError::bad_request(
+                            "`add_special_tokens` must be a boolean",
+                        ));
+                    }
+                };
+                let mut all = tok
+                    .completion_token_ids(&prompt, special)
+                    .map_err(tokenize_error)?;
+                if all.len() != 1 {
+                    return Err(ApiError::bad_request(
+                        "the simulator supports exactly one prompt per request",
+                    ));
+                }
+                Ok(all.pop().unwrap_or_default())
+            }
+        }
+    };
+    tokio::task::spawn_blocking(job)
+        .await
+        .map_err(|e| ApiError::unavailable(format!("tokenizer task failed: {e}")))?
+}
+
+pub(crate) async fn chat(State(state): State<Shared>, body: Bytes) -> Response {
+    generate(state, Api::Chat, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+pub(crate) async fn completions(State(state): State<Shared>, body: Bytes) -> Response {
+    generate(state, Api::Completions, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn generate(state: Shared, api: Api, body: Bytes) -> Result<Response, ApiError> {
+    let body = parse_json(&body)?;
+    let params = SamplingParams::from_body(api, &body)?;
+    state.check_model(params.model.as_deref())?;
+    let prompt = prompt_ids(&state, api, body).await?;
+    let prompt_tokens = prompt.len();
+    let max_len = state.max_model_len;
+    if prompt_tokens > max_len {
+        return Err(ApiError::bad_request(format!(
+            "This model's maximum context length is {max_len} tokens. However, your request has {prompt_tokens} input tokens. Please reduce the length of the input messages."
+        )));
+    }
+    let max_tokens = match params.max_tokens {
+        Some(n) => n,
+        None if prompt_tokens < max_len => max_len - prompt_tokens,
+        None => {
+            return Err(ApiError::bad_request(format!(
+                "This model's maximum context length is {max_len} tokens and your request has {prompt_tokens} input tokens, leaving no room for output tokens."
+            )));
+        }
+    };
+    let seq = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let (stream_tx, stream_rx) = mpsc::channel(STREAM_CAPACITY);
+    let (reply_tx, reply_rx) = oneshot::channel();
+    state
+        .send(Command::Add {
+            req: SimRequest {
+                id: seq,
+                prompt_token_ids: prompt,
+                max_tokens,
+                min_tokens: params.min_tokens,
+                ignore_eos: params.ignore_eos,
+                arrival: 0.0,
+            },
+            stream: stream_tx,
+            reply: reply_tx,
+        })
+        .await?;
+    match reply_rx.await {
+        Ok(Ok(())) => {}
+        Ok(Err(reject)) => return Err(ApiError::bad_request(reject.to_string())),
+        Err(_) => return Err(ApiError::unavailable("the engine loop has stopped")),
+    }
+    let prefix = match api {
+        Api::Chat => "chatcmpl",
+        Api::Completions => "cmpl",
+    };
+    let meta = ResponseMeta {
+        api,
+        id: format!("{prefix}-{:016x}{seq:016x}", state.created),
+        created: unix_now(),
+        model: state.model.clone(),
+    };
+    if params.stream {
+        Ok(stream_response(
+            state,
+            meta,
+            params.include_usage,
+            stream_rx,
+        ))
+    } else {
+        collect_response(state, meta, stream_rx).await
+    }
+}
+
+async fn collect_response(
+    state: Shared,
+    meta: ResponseMeta,
+    mut rx: mpsc::Receiver<Delta>,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    while let Some(delta) = rx.recv().await {
+        match delta {
+            Delta::Token(id) => text.push_str(state.token_text.get(&id).map_or("", String::as_str)),
+            Delta::Finished { reason, usage } => {
+                return Ok(axum::Json(meta.full(&text, reason, &usage)).into_response());
+            }
+        }
+    }
+    Err(ApiError::unavailable(
+        "the request was dropped by the engine",
+    ))
+}
+
+/// SSE like vLLM: (chat) a role chunk first, one chunk per token (the last
+/// one carries `finish_reason`), the usage chunk if asked, `[DONE]`.
+fn stream_response(
+    state: Shared,
+    meta: ResponseMeta,
+    include_usage: bool,
+    mut rx: mpsc::Receiver<Delta>,
+) -> Response {
+    let (tx, body_rx) = mpsc::channel::<Result<Bytes, std::convert::Infallible>>(STREAM_CAPACITY);
+    tokio::spawn(async move {
+        let text = |id: u32| state.token_text.get(&id).map_or("", String::as_str);
+        if meta.api == Api::Chat
+            && tx
+                .send(Ok(sse_data(&meta.chunk(Some(""), true, None))))
+                .await
+                .is_err()
+        {
+            return;
+        }
+        let mut held: Option<u32> = None;
+        let mut finish: Option<(FinishReason, Usage)> = None;
+        while let Some(delta) = rx.recv().await {
+            match delta {
+                Delta::Token(id) => {
+                    if let Some(prev) = held.replace(id)
+                        && tx
+                            .send(Ok(sse_data(&meta.chunk(Some(text(prev)), false, None))))
+                            .await
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+                Delta::Finished { reason, usage } => {
+                    finish = Some((reason, usage));
+                    break;
+                }
+            }
+        }
+        let Some((reason, usage)) = finish else {
+            return;
+        };
+        let last = held.map_or("", text);
+        let mut tail = vec![sse_data(&meta.chunk(Some(last), false, Some(reason)))];
+        if include_usage {
+            tail.push(sse_data(&meta.usage_chunk(&usage)));
+        }
+        tail.push(Bytes::from_static(SSE_DONE.as_bytes()));
+        for chunk in tail {
+            if tx.send(Ok(chunk)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(body_rx));
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}

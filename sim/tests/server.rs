@@ -1,0 +1,430 @@
+//! The HTTP + ZeroMQ server, run in-process on free loopback ports with the
+//! fast `test` profile (no timing assertions).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kvsteer_kv_events::zmq::{PublisherConfig, fetch_replay};
+use kvsteer_kv_events::{Encoding, KvEvent, decode_batch};
+use kvsteer_sim::engine::EngineConfig;
+use kvsteer_sim::profile::TimingProfile;
+use kvsteer_sim::server::{ServerConfig, ServerHandle};
+use serde_json::{Value, json};
+use tokio::time::timeout;
+use zeromq::{Socket, SocketRecv};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn tokenizer_dir() -> PathBuf {
+    let shared = std::env::var_os("KVSTEER_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")));
+    shared.join("tokenizers/qwen3")
+}
+
+fn config(num_gpu_blocks: u32, max_model_len: usize) -> ServerConfig {
+    let mut engine = EngineConfig::new(TimingProfile::by_name("test").unwrap());
+    engine.num_gpu_blocks = num_gpu_blocks;
+    engine.max_model_len = max_model_len;
+    engine.hash_seed = 1;
+    ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        served_model_name: "sim-model".into(),
+        tokenizer_dir: tokenizer_dir(),
+        kv_events: Some(PublisherConfig {
+            pub_endpoint: "tcp://127.0.0.1:0".into(),
+            replay_endpoint: Some("tcp://127.0.0.1:0".into()),
+            topic: "kv@test@sim-model".into(),
+            encoding: Encoding::Map,
+            replay_buffer_batches: 1000,
+        }),
+        engine,
+        time_scale: 100.0,
+        worker_id: "worker-a".into(),
+    }
+}
+
+struct Harness {
+    server: ServerHandle,
+    http: reqwest::Client,
+    base: String,
+    sub: zeromq::SubSocket,
+    /// Reset probes sent at start (their batches have seqs 0..probes).
+    probes: u64,
+}
+
+impl Harness {
+    async fn start(cfg: ServerConfig) -> Self {
+        let server = timeout(WAIT, ServerHandle::start(cfg))
+            .await
+            .unwrap()
+            .unwrap();
+        let (pub_ep, _) = server.kv_endpoints.clone().unwrap();
+        let mut sub = zeromq::SubSocket::new();
+        sub.connect(&pub_ep).await.unwrap();
+        sub.subscribe("").await.unwrap();
+        let mut h = Self {
+            base: format!("http://{}", server.addr),
+            server,
+            http: reqwest::Client::new(),
+            sub,
+            probes: 0,
+        };
+        // PUB drops messages for subscribers it does not know yet: probe with
+        // prefix-cache resets (each an AllBlocksCleared batch on an idle
+        // engine) until one arrives.
+        for _ in 0..100 {
+            let resp = h
+                .http
+                .post(format!("{}/reset_prefix_cache", h.base))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            h.probes += 1;
+            if let Ok(msg) = timeout(Duration::from_millis(200), h.sub.recv()).await {
+                let frames = msg.unwrap().into_vec();
+                let events = decode_batch(&frames[2]).unwrap().batch.events;
+                assert_eq!(events, vec![KvEvent::AllBlocksCleared]);
+                // Late deliveries of earlier probes, if any.
+                h.drain().await;
+                return h;
+            }
+        }
+        panic!("the subscriber never received a batch");
+    }
+
+    async fn post(&self, path: &str, body: &str) -> (u16, Value) {
+        let resp = timeout(
+            WAIT,
+            self.http
+                .post(format!("{}{path}", self.base))
+                .body(body.to_owned())
+                .send(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// The next live message: (topic, seq, events).
+    async fn next_batch(&mut self) -> (String, u64, Vec<KvEvent>) {
+        let msg = timeout(WAIT, self.sub.recv())
+            .await
+            .expect("no KV event batch")
+            .unwrap();
+        let frames = msg.into_vec();
+        assert_eq!(frames.len(), 3);
+        let seq = u64::from_be_bytes(frames[1][..].try_into().unwrap());
+        let batch = decode_batch(&frames[2]).unwrap().batch;
+        (
+            String::from_utf8(frames[0].to_vec()).unwrap(),
+            seq,
+            batch.events,
+        )
+    }
+
+    /// Every live batch already sent: reads until the stream is quiet.
+    async fn drain(&mut self) -> Vec<(u64, Vec<KvEvent>)> {
+        let mut seen = Vec::new();
+        while let Ok(msg) = timeout(Duration::from_millis(300), self.sub.recv()).await {
+            let frames = msg.unwrap().into_vec();
+            let seq = u64::from_be_bytes(frames[1][..].try_into().unwrap());
+            seen.push((seq, decode_batch(&frames[2]).unwrap().batch.events));
+        }
+        seen
+    }
+
+    /// Live batches until one satisfies `pred`.
+    async fn until(&mut self, mut pred: impl FnMut(&KvEvent) -> bool) -> Vec<(u64, Vec<KvEvent>)> {
+        let mut seen = Vec::new();
+        loop {
+            let (_, seq, events) = self.next_batch().await;
+            let hit = events.iter().any(&mut pred);
+            seen.push((seq, events));
+            if hit {
+                return seen;
+            }
+        }
+    }
+}
+
+fn long_system_prompt() -> String {
+    (0..300)
+        .map(|i| format!("rule {i} says be brief."))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn chat_body(system: &str, user: &str, max_tokens: usize) -> String {
+    json!({
+        "model": "sim-model",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "max_tokens": max_tokens,
+    })
+    .to_string()
+}
+
+fn stored(events: &[(u64, Vec<KvEvent>)]) -> usize {
+    events
+        .iter()
+        .flat_map(|(_, e)| e)
+        .map(|e| match e {
+            KvEvent::BlockStored(s) => s.block_hashes.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_hits_events_reset_and_replay() {
+    let mut h = Harness::start(config(4096, 8192)).await;
+    let system = long_system_prompt();
+
+    let (status, first) = h
+        .post(
+            "/v1/chat/completions",
+            &chat_body(&system, "first question", 4),
+        )
+        .await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let prompt1 = first["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    let (topic, seq, _) = h.next_batch().await;
+    assert_eq!((topic.as_str(), seq), ("kv@test@sim-model", h.probes));
+    // Events of a step go out before its tokens: all of the first
+    // request's batches are on the wire by now.
+    let rest = h.drain().await;
+    assert!(
+        rest.iter()
+            .enumerate()
+            .all(|(i, (s, _))| *s == seq + i as u64 + 1)
+    );
+
+    let (status, second) = h
+        .post(
+            "/v1/chat/completions",
+            &chat_body(&system, "another question", 4),
+        )
+        .await;
+    assert_eq!(status, 200, "{second}");
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap() as usize;
+    assert!(
+        cached > 1000 && cached.is_multiple_of(16),
+        "cached {cached} of {prompt1}"
+    );
+    let batches = h.drain().await;
+    // Only blocks after the cached prefix are new.
+    let prompt2 = second["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    assert!(
+        stored(&batches) <= (prompt2 + 3) / 16 - cached / 16,
+        "{batches:?}"
+    );
+
+    // Reset → AllBlocksCleared on the live stream.
+    let resp = h
+        .http
+        .post(format!("{}/reset_prefix_cache", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-kvsteer-worker"], "worker-a");
+    let after = h.until(|e| *e == KvEvent::AllBlocksCleared).await;
+    let last_seq = after.last().unwrap().0;
+    let (_, third) = h
+        .post(
+            "/v1/chat/completions",
+            &chat_body(&system, "first question", 4),
+        )
+        .await;
+    assert_eq!(third["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+    // Replay from seq 0: every batch since, in order, ending at the end marker.
+    let (_, replay_ep) = h.server.kv_endpoints.clone().unwrap();
+    let replayed = fetch_replay(&replay_ep.unwrap(), 0, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let seqs: Vec<u64> = replayed.iter().map(|b| b.seq).collect();
+    // Seqs count from 0.
+    assert_eq!(seqs[0], 0);
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1));
+    assert!(*seqs.last().unwrap() >= last_seq);
+    let cleared = replayed.iter().any(|b| {
+        decode_batch(&b.payload)
+            .unwrap()
+            .batch
+            .events
+            .contains(&KvEvent::AllBlocksCleared)
+    });
+    assert!(cleared);
+    // A start past the newest batch yields only the end marker.
+    let (_, replay_ep) = h.server.kv_endpoints.clone().unwrap();
+    assert!(
+        fetch_replay(&replay_ep.unwrap(), 1 << 40, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    h.server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_pressure_publishes_block_removed() {
+    let mut h = Harness::start(config(64, 1024)).await;
+    for i in 0..4 {
+        let prompt: Vec<u32> = (0..400).map(|t| 1000 + i * 1000 + t).collect();
+        let body = json!({"model": "sim-model", "prompt": prompt, "max_tokens": 2}).to_string();
+        let (status, v) = h.post("/v1/completions", &body).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let seen = h.until(|e| matches!(e, KvEvent::BlockRemoved(_))).await;
+    assert!(stored(&seen) > 0);
+    h.server.shutdown().await;
+}
+
+async fn stream(http: &reqwest::Client, base: &str, i: usize) -> (usize, Value) {
+    let body = json!({
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": format!("stream number {i}")}],
+        "max_tokens": 20,
+        "ignore_eos": true,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let mut resp = http
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut text = String::new();
+    while let Some(chunk) = resp.chunk().await.unwrap() {
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    let events: Vec<&str> = text.split("\n\n").filter(|s| !s.is_empty()).collect();
+    assert_eq!(*events.last().unwrap(), "data: [DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let content_chunks = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["delta"].get("content").is_some())
+        .count();
+    (content_chunks, chunks.last().unwrap().clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_streams_complete_and_bad_input_is_rejected() {
+    let h = Harness::start(config(4096, 4096)).await;
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let (http, base) = (h.http.clone(), h.base.clone());
+        tasks.push(tokio::spawn(async move { stream(&http, &base, i).await }));
+    }
+    for t in tasks {
+        let (content_chunks, usage) = timeout(WAIT, t).await.unwrap().unwrap();
+        // Role chunk with "" plus 20 tokens.
+        assert_eq!(content_chunks, 21);
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(usage["usage"]["completion_tokens"], 20);
+    }
+
+    for bad in [
+        "{",
+        "[]",
+        r#"{"model": "sim-model"}"#,
+        r#"{"model": "sim-model", "messages": "hi"}"#,
+        r#"{"model": "sim-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": -5}"#,
+        r#"{"model": "sim-model", "messages": [{"role": "user", "content": "x"}], "stream": 1}"#,
+    ] {
+        let (status, v) = h.post("/v1/chat/completions", bad).await;
+        assert_eq!(status, 400, "{bad} → {v}");
+        assert_eq!(v["error"]["type"], "BadRequestError");
+        assert_eq!(v["error"]["code"], 400);
+    }
+    let (status, v) = h
+        .post("/v1/completions", r#"{"model": "other", "prompt": "x"}"#)
+        .await;
+    assert_eq!((status, v["error"]["code"].as_u64()), (404, Some(404)));
+    let long = "word ".repeat(5000);
+    let (status, v) = h
+        .post(
+            "/v1/completions",
+            &json!({"model": "sim-model", "prompt": long}).to_string(),
+        )
+        .await;
+    assert_eq!(status, 400);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum context length")
+    );
+
+    // Still serving.
+    let (status, v) = h
+        .post(
+            "/v1/completions",
+            r#"{"model": "sim-model", "prompt": "hello", "max_tokens": 3}"#,
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    let (status, v) = h.post("/tokenize", r#"{"prompt": "hello world"}"#).await;
+    assert_eq!((status, v["count"].as_u64()), (200, Some(2)));
+    let models: Value = h
+        .http
+        .get(format!("{}/v1/models", h.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], "sim-model");
+    let health = h
+        .http
+        .get(format!("{}/health", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let metrics = h
+        .http
+        .get(format!("{}/metrics", h.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "vllm:num_requests_running{",
+        "vllm:num_requests_waiting{",
+        "vllm:kv_cache_usage_perc{",
+        "vllm:prefix_cache_queries_total{",
+        "vllm:prefix_cache_hits_total{",
+        "vllm:num_preemptions_total{",
+        "vllm:time_to_first_token_seconds_bucket{",
+        "vllm:e2e_request_latency_seconds_count{",
+        "vllm:cache_config_info{",
+    ] {
+        assert!(metrics.contains(name), "{name} missing in\n{metrics}");
+    }
+    assert!(metrics.contains("model_name=\"sim-model\""));
+    assert!(metrics.contains("block_size=\"16\""));
+    assert!(metrics.contains(
+        "vllm:time_to_first_token_seconds_count{engine=\"0\",model_name=\"sim-model\"} 65"
+    ));
+    h.server.shutdown().await;
+}

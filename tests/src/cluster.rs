@@ -1,0 +1,247 @@
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::Value;
+
+use crate::paths::Paths;
+use crate::process::{Proc, wait_http_ok, wait_until};
+
+/// The model name the local layout serves.
+pub const MODEL: &str = "Qwen/Qwen3-8B";
+const START_LIMIT: Duration = Duration::from_secs(60);
+
+/// How one simulated worker runs.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    pub profile: String,
+    pub time_scale: f64,
+    pub max_num_seqs: u32,
+    pub num_gpu_blocks: u32,
+    pub seed: u64,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            profile: "tiny-cpu".to_string(),
+            time_scale: 1.0,
+            max_num_seqs: 16,
+            num_gpu_blocks: 4096,
+            seed: 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOptions {
+    /// One entry per worker (the local layout has three).
+    pub sims: Vec<SimOptions>,
+    /// Extra YAML appended to the indexer's `scoring:` section.
+    pub scoring_extra: String,
+}
+
+impl ClusterOptions {
+    pub fn three(sim: SimOptions) -> ClusterOptions {
+        ClusterOptions {
+            sims: vec![sim; 3],
+            scoring_extra: String::new(),
+        }
+    }
+}
+
+/// Three simulated workers, the indexer and Envoy, in the local layout.
+pub struct Cluster {
+    pub paths: Paths,
+    pub client: reqwest::Client,
+    opts: ClusterOptions,
+    sims: Vec<Option<Proc>>,
+    indexer: Option<Proc>,
+    envoy: Option<Proc>,
+    /// Logs and generated configs; declared last so it outlives the processes.
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts everything and waits until Envoy is ready and the indexer sees
+    /// every worker's event stream.
+    pub async fn start(opts: ClusterOptions) -> anyhow::Result<Cluster> {
+        let paths = Paths::discover()?;
+        let dir = tempfile::Builder::new().prefix("kvsteer-e2e-").tempdir()?;
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()?;
+        let n = opts.sims.len();
+        let mut cluster = Cluster {
+            paths,
+            client,
+            opts,
+            dir,
+            sims: (0..n).map(|_| None).collect(),
+            indexer: None,
+            envoy: None,
+        };
+        for i in 0..n {
+            cluster.start_sim(i).await?;
+        }
+        cluster.start_indexer().await?;
+        cluster.start_envoy().await?;
+        Ok(cluster)
+    }
+
+    pub fn envoy_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:8080{path}")
+    }
+
+    pub fn worker_url(&self, i: usize, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", 8001 + i)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:9091{path}")
+    }
+
+    pub async fn start_sim(&mut self, i: usize) -> anyhow::Result<()> {
+        self.start_sim_at(i, 8001 + i as u16).await
+    }
+
+    /// Starts worker `i` listening on `port` instead of its contract port (for
+    /// a relay in front of it); it keeps its event endpoints and topic.
+    pub async fn start_sim_at(&mut self, i: usize, port: u16) -> anyhow::Result<()> {
+        let o = &self.opts.sims[i];
+        let mut cmd = Command::new(self.paths.sim());
+        cmd.arg("engine")
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args([
+                "--kv-events-topic",
+                &format!("kv@127.0.0.1:{}@{MODEL}", 8001 + i),
+            ])
+            .args(["--served-model-name", MODEL])
+            .arg("--tokenizer")
+            .arg(self.paths.tokenizer())
+            .args([
+                "--kv-events-endpoint",
+                &format!("tcp://127.0.0.1:{}", 5557 + i),
+            ])
+            .args([
+                "--replay-endpoint",
+                &format!("tcp://127.0.0.1:{}", 5567 + i),
+            ])
+            .args(["--block-size", "16"])
+            .args(["--num-gpu-blocks", &o.num_gpu_blocks.to_string()])
+            .args(["--max-num-seqs", &o.max_num_seqs.to_string()])
+            .args(["--profile", &o.profile])
+            .args(["--time-scale", &o.time_scale.to_string()])
+            .args(["--seed", &o.seed.to_string()])
+            .args(["--worker-id", &format!("w{}", i + 1)]);
+        let proc = Proc::spawn(&format!("sim-w{}", i + 1), cmd, self.dir.path())?;
+        self.sims[i] = Some(proc);
+        wait_http_ok(&format!("http://127.0.0.1:{port}/health"), START_LIMIT).await
+    }
+
+    pub fn stop_sim(&mut self, i: usize) {
+        if let Some(p) = self.sims[i].take() {
+            p.kill();
+        }
+    }
+
+    pub async fn start_indexer(&mut self) -> anyhow::Result<()> {
+        let template = std::fs::read_to_string(self.paths.root.join("envoy/local/indexer.yaml"))
+            .context("reading envoy/local/indexer.yaml")?;
+        let tokenizer = self.paths.tokenizer();
+        let mut config = template.replace(
+            ".cache/tokenizers/qwen3",
+            tokenizer.to_str().context("tokenizer path is not UTF-8")?,
+        );
+        if !self.opts.scoring_extra.is_empty() {
+            config = config.replace(
+                "scoring:\n",
+                &format!("scoring:\n{}\n", self.opts.scoring_extra),
+            );
+        }
+        let path = self.dir.path().join("indexer.yaml");
+        std::fs::write(&path, config)?;
+        let mut cmd = Command::new(self.paths.indexer());
+        cmd.current_dir(&self.paths.root)
+            .env("RUST_LOG", "info")
+            .arg("serve")
+            .arg("--config")
+            .arg(&path);
+        self.indexer = Some(Proc::spawn("indexer", cmd, self.dir.path())?);
+        wait_http_ok(&self.admin_url("/readyz"), START_LIMIT).await?;
+        let n = self.sims.iter().filter(|s| s.is_some()).count();
+        self.wait_streams_live(n).await
+    }
+
+    pub fn stop_indexer(&mut self) {
+        if let Some(p) = self.indexer.take() {
+            p.kill();
+        }
+    }
+
+    async fn start_envoy(&mut self) -> anyhow::Result<()> {
+        let mut cmd = Command::new(&self.paths.envoy);
+        cmd.current_dir(&self.paths.root)
+            .args(["-c", "envoy/local/envoy.yaml"])
+            .args(["--disable-hot-restart", "--log-level", "info"]);
+        self.envoy = Some(Proc::spawn("envoy", cmd, self.dir.path())?);
+        wait_http_ok("http://127.0.0.1:9901/ready", START_LIMIT).await
+    }
+
+    /// `GET /debug/workers` of the indexer.
+    pub async fn debug_workers(&self) -> anyhow::Result<Value> {
+        let v = self
+            .client
+            .get(self.admin_url("/debug/workers"))
+            .send()
+            .await?
+            .error_for_status()?
+            .json::<Value>()
+            .await?;
+        Ok(v)
+    }
+
+    /// `POST /debug/score` of the indexer for an OpenAI body.
+    pub async fn debug_score(&self, body: &Value) -> anyhow::Result<Value> {
+        let v = self
+            .client
+            .post(self.admin_url("/debug/score"))
+            .json(body)
+            .send()
+            .await?
+            .error_for_status()?
+            .json::<Value>()
+            .await?;
+        Ok(v)
+    }
+
+    /// Waits until at least `n` workers' event streams are live.
+    pub async fn wait_streams_live(&self, n: usize) -> anyhow::Result<()> {
+        wait_until("worker event streams to be live", START_LIMIT, || async {
+            let v = self.debug_workers().await.ok()?;
+            let live = workers_of(&v)
+                .iter()
+                .filter(|w| w.pointer("/stream/state").and_then(Value::as_str) == Some("live"))
+                .count();
+            (live >= n).then_some(())
+        })
+        .await
+    }
+
+    /// Sum of the indexer's in-flight counts over all workers.
+    pub async fn total_in_flight(&self) -> anyhow::Result<u64> {
+        let v = self.debug_workers().await?;
+        Ok(workers_of(&v)
+            .iter()
+            .filter_map(|w| w.get("in_flight").and_then(Value::as_u64))
+            .sum())
+    }
+}
+
+/// The worker list of a `/debug/workers` answer (a bare array or `{"workers": [...]}`).
+pub fn workers_of(v: &Value) -> Vec<Value> {
+    v.as_array()
+        .or_else(|| v.get("workers").and_then(Value::as_array))
+        .cloned()
+        .unwrap_or_default()
+}

@@ -1,0 +1,26 @@
+//! Support for kvsteer's end-to-end tests: real `envoy`, `kvsteer-indexer` and
+//! `kvsteer-sim engine` processes on loopback, in the local layout that
+//! `envoy/local/` describes (Envoy on 127.0.0.1:8080, indexer gRPC on :9090,
+//! admin on :9091, workers on :8001..:8003).
+//!
+//! Because that layout uses fixed ports, tests that start a [`Cluster`] hold
+//! [`serial`] for their whole run.
+#![forbid(unsafe_code)]
+
+mod cluster;
+mod http;
+mod paths;
+mod process;
+mod recorder;
+
+pub use cluster::{Cluster, ClusterOptions, MODEL, SimOptions, workers_of};
+pub use http::{ChatReply, chat_body, send_chat, send_raw};
+pub use paths::Paths;
+pub use process::{Proc, wait_http_ok, wait_until};
+pub use recorder::{Recorder, Recording};
+
+/// Serialises tests that use the fixed local ports.
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
