@@ -32,6 +32,9 @@ pub struct LocalLoad {
     pub unprefilled_tokens: u64,
     pub decoding: u32,
     pub prefill_rate: f64,
+    /// Whether `prefill_rate` comes from this worker's own observations
+    /// (otherwise it is borrowed from the pool, or the prior).
+    pub calibrated: bool,
 }
 
 pub struct LoadTracker {
@@ -112,10 +115,27 @@ impl LoadTracker {
         Some(p)
     }
 
-    /// Sets a worker's calibrated prefill rate.
+    /// Sets a worker's calibrated prefill rate. Workers without observations
+    /// of their own borrow the mean rate of those that have: the workers of a
+    /// pool run the same model on the same hardware, and a worker left at
+    /// the prior would look faster or slower than its calibrated peers for no
+    /// reason, winning (or losing) every cold pick.
     pub fn set_rate(&self, worker: usize, rate: f64) {
-        if let Some(w) = self.inner.lock().workers.get_mut(worker) {
-            w.prefill_rate = rate;
+        let mut inner = self.inner.lock();
+        let Some(w) = inner.workers.get_mut(worker) else {
+            return;
+        };
+        w.prefill_rate = rate;
+        w.calibrated = true;
+        let rates: Vec<f64> = inner
+            .workers
+            .iter()
+            .filter(|w| w.calibrated)
+            .map(|w| w.prefill_rate)
+            .collect();
+        let pooled = rates.iter().sum::<f64>() / rates.len() as f64;
+        for w in inner.workers.iter_mut().filter(|w| !w.calibrated) {
+            w.prefill_rate = pooled;
         }
     }
 
@@ -226,5 +246,20 @@ mod tests {
         assert_eq!((w.in_flight, w.unprefilled_tokens, w.decoding), (1, 0, 1));
         assert_eq!(t.expire(start + Duration::from_secs(30)), 1);
         assert_eq!(t.snapshot()[0].in_flight, 0);
+    }
+
+    #[test]
+    fn uncalibrated_workers_borrow_the_pool_rate() {
+        let t = LoadTracker::new(3, 8_000.0, Duration::from_secs(60));
+        t.set_rate(0, 16_000.0);
+        let rates: Vec<f64> = t.snapshot().iter().map(|w| w.prefill_rate).collect();
+        assert_eq!(rates, [16_000.0, 16_000.0, 16_000.0]);
+        t.set_rate(1, 10_000.0);
+        let s = t.snapshot();
+        assert_eq!(
+            s.iter().map(|w| w.prefill_rate).collect::<Vec<_>>(),
+            [16_000.0, 10_000.0, 13_000.0]
+        );
+        assert_eq!(s.iter().filter(|w| w.calibrated).count(), 2);
     }
 }

@@ -21,7 +21,9 @@ fn generate(out: &Path, grpc: bool) {
             .expect("tonic codegen");
     } else {
         config.out_dir(out);
-        config.compile_protos(&[proto], &[root]).expect("prost codegen");
+        config
+            .compile_protos(&[proto], &[root])
+            .expect("prost codegen");
     }
 }
 

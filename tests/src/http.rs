@@ -118,10 +118,10 @@ fn find_usage(body: &[u8]) -> Option<Value> {
     }
     let text = String::from_utf8_lossy(body);
     text.lines()
+        .rev()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|v| v.get("usage").filter(|u| !u.is_null()).cloned())
-        .last()
+        .find_map(|v| v.get("usage").filter(|u| !u.is_null()).cloned())
 }
 
 #[cfg(test)]

@@ -340,10 +340,6 @@ pub fn is_full_attention(kind: Option<&str>) -> bool {
 mod tests {
     use super::*;
 
-    fn s(v: &str) -> ExtraKey {
-        ExtraKey::from(v)
-    }
-
     #[test]
     fn engine_hash_forms() {
         assert_eq!(engine_hash(&BlockHash::U64(7)), 7);

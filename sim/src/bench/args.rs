@@ -92,6 +92,11 @@ pub struct BenchArgs {
     /// `kvsteer=http://127.0.0.1:8080 round_robin=http://127.0.0.1:8081`).
     #[arg(long, num_args = 1.., value_delimiter = ' ')]
     pub target: Vec<String>,
+    /// Live: worker base URLs whose prefix caches are reset
+    /// (`POST /reset_prefix_cache`) before each target's run, so every
+    /// target starts cold.
+    #[arg(long, num_args = 1.., value_delimiter = ' ')]
+    pub reset_worker: Vec<String>,
     /// Live: the model name sent in requests.
     #[arg(long, default_value = "Qwen/Qwen3-8B")]
     pub model: String,

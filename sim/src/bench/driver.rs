@@ -16,7 +16,7 @@ use kvsteer_indexer::config::ScoringConfig;
 use kvsteer_kv_events::{Encoding, encode_batch};
 
 use super::policy::BenchPolicy;
-use super::router::VirtualRouter;
+use super::router::{Latency, VirtualRouter};
 use super::workload::{Plan, Tenant, What};
 use crate::engine::{Engine, EngineConfig, SimRequest, StepOutput, to_event_batch};
 
@@ -96,9 +96,8 @@ impl Ord for Timed {
 }
 
 struct Session {
+    /// The conversation so far: every prompt and answer token.
     context: Vec<u32>,
-    /// The request of the turn in progress.
-    current: Option<u64>,
 }
 
 struct Sim<'a> {
@@ -106,6 +105,7 @@ struct Sim<'a> {
     cfg: &'a RunConfig,
     engines: Vec<Engine>,
     busy: Vec<bool>,
+    latency: Vec<Latency>,
     router: VirtualRouter,
     heap: BinaryHeap<Timed>,
     seq: u64,
@@ -136,6 +136,7 @@ pub fn run(plan: &Plan, cfg: &RunConfig) -> RunOutput {
         plan,
         cfg,
         busy: vec![false; cfg.workers],
+        latency: vec![Latency::default(); cfg.workers],
         router: VirtualRouter::new(
             cfg.policy,
             cfg.scoring.clone(),
@@ -172,7 +173,7 @@ pub fn run(plan: &Plan, cfg: &RunConfig) -> RunOutput {
             }
             Ev::Scrape => {
                 let stats: Vec<_> = sim.engines.iter().map(Engine::stats).collect();
-                sim.router.scrape(&stats, t);
+                sim.router.scrape(&stats, &sim.latency, t);
                 // Keep scraping while anything can still happen.
                 if sim.in_flight > 0 || sim.heap.len() > sim.events_pending {
                     sim.push(t + cfg.scrape_interval_s, Ev::Scrape);
@@ -212,13 +213,7 @@ impl Sim<'_> {
             }
             &What::Session(s) => {
                 let context = self.plan.session_start(&self.plan.sessions[s]);
-                self.sessions.insert(
-                    s,
-                    Session {
-                        context,
-                        current: None,
-                    },
-                );
+                self.sessions.insert(s, Session { context });
                 self.turn(s, 0, now);
             }
         }
@@ -241,9 +236,10 @@ impl Sim<'_> {
             return;
         }
         let prompt = state.context.clone();
-        let id = self.submit(super::workload::Tenant::Agent, prompt, output, now);
-        if let Some(state) = self.sessions.get_mut(&session) {
-            state.current = Some(id);
+        let id = self.submit(Tenant::Agent, prompt, output, now);
+        if self.records[id as usize].rejected {
+            self.sessions.remove(&session);
+            return;
         }
         self.session_of.insert(id, (session, turn));
         self.outputs.insert(id, Vec::with_capacity(output as usize));
@@ -320,13 +316,16 @@ impl Sim<'_> {
             let r = &mut self.records[f.id as usize];
             r.finished_at = Some(f.finished_at);
             r.cached_tokens = f.usage.cached_tokens as u32;
+            let l = &mut self.latency[w];
+            l.e2e_sum += f.finished_at - f.arrival;
+            l.ttft_sum += f.first_token_at - f.arrival;
+            l.count += 1.0;
             self.in_flight -= 1;
             self.router.done(f.id);
             if let Some((session, turn)) = self.session_of.remove(&f.id) {
                 let generated = self.outputs.remove(&f.id).unwrap_or_default();
                 if let Some(state) = self.sessions.get_mut(&session) {
                     state.context.extend_from_slice(&generated);
-                    state.current = None;
                     let think = self.plan.sessions[session]
                         .turns
                         .get(turn + 1)

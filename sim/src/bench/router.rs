@@ -17,7 +17,7 @@ use kvsteer_indexer::config::ScoringConfig;
 use kvsteer_indexer::index::{Index, WorkerMatch};
 use kvsteer_indexer::keys::{KeyContext, prompt_keys};
 use kvsteer_indexer::load::{LoadTracker, Pending};
-use kvsteer_indexer::scoring::{self, Prediction, ScrapedLoad, Turn, WorkerView};
+use kvsteer_indexer::scoring::{self, HistogramMean, Prediction, ScrapedLoad, Turn, WorkerView};
 use kvsteer_kv_events::decode_batch;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -46,6 +46,33 @@ pub struct VirtualRouter {
     sglang: SglangLike,
     /// KV batches that failed to decode or had skipped blocks.
     pub event_errors: u64,
+}
+
+/// Finished requests' latencies on one engine (its `/metrics` histograms).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Latency {
+    pub e2e_sum: f64,
+    pub ttft_sum: f64,
+    pub count: f64,
+}
+
+/// Weight of each scrape's new observations in a histogram's recent mean
+/// (`kvsteer_indexer::scrape`'s private `MEAN_ALPHA`).
+const MEAN_ALPHA: f64 = 0.3;
+
+/// `kvsteer_indexer::scrape::follow` (private there): moves the recent mean
+/// of a cumulative histogram by what was observed since the last scrape.
+fn follow(prev: Option<&HistogramMean>, now: &mut HistogramMean) {
+    let lifetime = (now.count > 0.0).then(|| now.sum / now.count);
+    now.mean = match prev {
+        None => lifetime,
+        Some(p) if now.count < p.count || now.sum < p.sum => lifetime,
+        Some(p) if now.count == p.count => p.mean,
+        Some(p) => {
+            let sample = (now.sum - p.sum) / (now.count - p.count);
+            Some(p.mean.map_or(sample, |m| m + MEAN_ALPHA * (sample - m)))
+        }
+    };
 }
 
 /// A pick: the worker and what the service would have predicted there.
@@ -219,14 +246,29 @@ impl VirtualRouter {
     }
 
     /// A metrics scrape of every engine, and the tracker's TTL sweep (the
-    /// service does both on its scrape timer).
-    pub fn scrape(&mut self, stats: &[EngineStats], now: f64) {
-        for (slot, s) in self.scraped.iter_mut().zip(stats) {
+    /// service does both on its scrape timer). `latency` is each engine's
+    /// cumulative e2e and TTFT histogram (sum, count), as `/metrics` has them.
+    pub fn scrape(&mut self, stats: &[EngineStats], latency: &[Latency], now: f64) {
+        for ((slot, s), l) in self.scraped.iter_mut().zip(stats).zip(latency) {
+            let prev = slot.as_ref();
+            let mut e2e = HistogramMean {
+                sum: l.e2e_sum,
+                count: l.count,
+                mean: None,
+            };
+            let mut ttft = HistogramMean {
+                sum: l.ttft_sum,
+                count: l.count,
+                mean: None,
+            };
+            follow(prev.map(|p| &p.e2e), &mut e2e);
+            follow(prev.map(|p| &p.ttft), &mut ttft);
             *slot = Some(ScrapedLoad {
                 waiting: s.waiting as f64,
                 running: s.running as f64,
                 kv_usage: s.kv_usage,
-                ..ScrapedLoad::default()
+                e2e,
+                ttft,
             });
         }
         self.load.expire(self.instant(now));
@@ -239,5 +281,87 @@ impl VirtualRouter {
             .iter()
             .map(|l| l.prefill_rate)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::policy::IndexerPolicy;
+    use crate::engine::{Engine, EngineConfig, SimRequest, to_event_batch};
+    use crate::profile::TimingProfile;
+    use kvsteer_kv_events::{Encoding, encode_batch};
+
+    /// KV event payloads of one engine serving `prompt` to the end.
+    fn served(prompt: &[u32]) -> Vec<Vec<u8>> {
+        let mut engine =
+            Engine::new(EngineConfig::new(TimingProfile::by_name("test").unwrap())).unwrap();
+        engine
+            .add_request(SimRequest {
+                id: 1,
+                prompt_token_ids: prompt.to_vec(),
+                max_tokens: 2,
+                min_tokens: 0,
+                ignore_eos: true,
+                arrival: 0.0,
+            })
+            .unwrap();
+        let (mut t, mut out) = (0.0, Vec::new());
+        while let Some(step) = engine.step(t) {
+            t = step.end();
+            if !step.events.is_empty() {
+                out.push(encode_batch(
+                    &to_event_batch(&step.events, 16, t),
+                    Encoding::Map,
+                ));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn events_through_the_wire_steer_kvsteer_to_the_warm_worker() {
+        let prompt: Vec<u32> = (0..1_000).map(|i| 5_000 + i).collect();
+        let kvsteer = BenchPolicy::Indexer(IndexerPolicy::Kvsteer);
+        let mut r = VirtualRouter::new(kvsteer, ScoringConfig::default(), 3, 16, 1);
+        for payload in served(&prompt) {
+            r.apply_events(2, &payload);
+        }
+        assert_eq!(r.event_errors, 0);
+        let c = r.pick(10, &prompt, 1.0);
+        assert_eq!(c.worker, 2);
+        assert_eq!(c.matched_tokens, 992);
+        // The pick is now in flight there; the report calibrates and releases it.
+        r.first_token(10, 1.2);
+        r.done(10);
+        assert!(r.load.is_empty());
+        // A garbage payload is counted, not fatal.
+        r.apply_events(0, b"not msgpack");
+        assert_eq!(r.event_errors, 1);
+    }
+
+    #[test]
+    fn random_is_seeded() {
+        let prompt: Vec<u32> = (0..64).collect();
+        let picks = |seed| {
+            let random = BenchPolicy::Indexer(IndexerPolicy::Random);
+            let mut r = VirtualRouter::new(random, ScoringConfig::default(), 4, 16, seed);
+            (0..32u64)
+                .map(|i| {
+                    let w = r.pick(i, &prompt, i as f64).worker;
+                    r.done(i);
+                    w
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(picks(1), picks(1));
+        assert_ne!(picks(1), picks(2));
+        assert!(
+            picks(1)
+                .iter()
+                .collect::<std::collections::HashSet<_>>()
+                .len()
+                > 1
+        );
     }
 }

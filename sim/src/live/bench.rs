@@ -14,7 +14,7 @@ use serde_json::json;
 use super::client::stream_request;
 use crate::bench::args::{Resolved, workload_name};
 use crate::bench::driver::{RequestRecord, RunOutput};
-use crate::bench::summary::{RunSummary, summarize};
+use crate::bench::summary::summarize;
 use crate::bench::workload::{Plan, What, WorkloadKind};
 use crate::bench::{cli::config_json, report};
 
@@ -59,20 +59,20 @@ pub async fn run(args: &Resolved) -> anyhow::Result<()> {
                 _ => Plan::synthetic(kind, &args.sizes(kind), rate, args.duration_s, args.seed),
             };
             for (name, url) in &targets {
+                reset(&client, &args.args().reset_worker).await?;
                 eprintln!(
                     "live: {} @ {rate} rpm → {name} ({url}), {} requests",
                     workload_name(kind),
                     plan.arrivals.len()
                 );
                 let out = drive(&client, url, &args.args().model, &plan).await?;
-                let s = summarize(
+                runs.push(summarize(
                     workload_name(kind),
                     name,
                     rate,
-                    out.records.len().max(1),
+                    args.workers,
                     &out,
-                );
-                runs.push(worker_count_fix(s, &out));
+                ));
             }
         }
     }
@@ -88,29 +88,26 @@ pub async fn run(args: &Resolved) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Workers are known by name in live mode: recount per distinct worker.
-fn worker_count_fix(mut s: RunSummary, out: &RunOutput) -> RunSummary {
-    let workers = out
-        .records
-        .iter()
-        .map(|r| r.worker)
-        .max()
-        .map_or(0, |m| m + 1);
-    s.requests_per_worker.truncate(workers);
-    let n = workers.max(1) as f64;
-    let mean = s.requests_per_worker.iter().sum::<u64>() as f64 / n;
-    let var = s
-        .requests_per_worker
-        .iter()
-        .map(|&c| (c as f64 - mean).powi(2))
-        .sum::<f64>()
-        / n;
-    s.imbalance_cov = if mean > 0.0 {
-        (var.sqrt() / mean * 1e6).round() / 1e6
-    } else {
-        0.0
-    };
-    s
+/// Empties the workers' prefix caches (they must be idle).
+async fn reset(client: &reqwest::Client, workers: &[String]) -> anyhow::Result<()> {
+    for w in workers {
+        let url = format!("{}/reset_prefix_cache", w.trim_end_matches('/'));
+        let resp = client
+            .post(&url)
+            .send()
+            .await
+            .with_context(|| format!("POST {url}"))?;
+        let outcome = resp
+            .headers()
+            .get("x-kvsteer-reset")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("?")
+            .to_owned();
+        eprintln!("live: reset {w}: {} {outcome}", resp.status());
+    }
+    // Let the AllBlocksCleared events reach the indexer.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Ok(())
 }
 
 async fn drive(

@@ -79,20 +79,30 @@ pub async fn run(args: &ConverseArgs) -> anyhow::Result<Vec<(String, usize, Obse
         "conv", "turn", "worker", "prompt", "cached", "ttft_ms"
     );
     let mut out = Vec::new();
+    // The conversations send each turn at the same time, as concurrent users
+    // would; a conversation's next turn waits for its previous answer.
     for turn in 1..=args.turns {
-        for conv in &mut convs {
-            conv.messages.push(json!({
-                "role": "user",
-                "content": format!("Turn {turn}: what should we change next in {}?", conv.name),
-            }));
-            let body = json!({
-                "model": args.model,
-                "messages": conv.messages,
-                "max_tokens": args.max_tokens,
-                "stream": true,
-                "stream_options": {"include_usage": true},
-            });
-            let obs = stream_request(&client, &url, &body).await?;
+        let bodies: Vec<Value> = convs
+            .iter_mut()
+            .map(|conv| {
+                conv.messages.push(json!({
+                    "role": "user",
+                    "content": format!("Turn {turn}: what should we change next in {}?", conv.name),
+                }));
+                json!({
+                    "model": args.model,
+                    "messages": conv.messages,
+                    "max_tokens": args.max_tokens,
+                    "stream": true,
+                    "stream_options": {"include_usage": true},
+                })
+            })
+            .collect();
+        let replies =
+            futures::future::join_all(bodies.iter().map(|b| stream_request(&client, &url, b)))
+                .await;
+        for (conv, obs) in convs.iter_mut().zip(replies) {
+            let obs = obs?;
             println!(
                 "{:<8} {:>4}  {:<8} {:>7} {:>7} {:>9}",
                 conv.name,
