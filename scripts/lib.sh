@@ -62,9 +62,79 @@ ensure_tokenizer() {
   rm -rf "$tmp"
 }
 
+# build_all [release]: the filter (always release) and the native binaries
+# (debug unless "release"); sets KVSTEER_BIN to where the binaries are.
 build_all() {
   log "building the filter (wasm32-wasip1, release)"
   (cd "$KVSTEER_ROOT" && cargo build --quiet -p kvsteer-filter --target wasm32-wasip1 --release)
-  log "building kvsteer-sim and kvsteer-indexer"
-  (cd "$KVSTEER_ROOT" && cargo build --quiet -p kvsteer-sim -p kvsteer-indexer --bins)
+  if [ "${1:-}" = release ]; then
+    log "building kvsteer-sim and kvsteer-indexer (release)"
+    (cd "$KVSTEER_ROOT" && cargo build --quiet --release -p kvsteer-sim -p kvsteer-indexer --bins)
+    KVSTEER_BIN=$KVSTEER_ROOT/target/release
+  else
+    log "building kvsteer-sim and kvsteer-indexer"
+    (cd "$KVSTEER_ROOT" && cargo build --quiet -p kvsteer-sim -p kvsteer-indexer --bins)
+    KVSTEER_BIN=$KVSTEER_ROOT/target/debug
+  fi
+  export KVSTEER_BIN
+}
+
+# --- the local layout (envoy/local/): workers, indexer, Envoy -------------------
+
+KVSTEER_MODEL=Qwen/Qwen3-8B
+KVSTEER_PIDS=()
+KVSTEER_RUN=$KVSTEER_ROOT/.demo
+
+stop_local_layout() {
+  local pid
+  for pid in "${KVSTEER_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  KVSTEER_PIDS=()
+}
+
+wait_http() {
+  local url=$1 what=$2
+  for _ in $(seq 1 300); do
+    curl -fsS -o /dev/null "$url" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  die "$what did not come up (logs in $KVSTEER_RUN/)"
+}
+
+# start_local_layout PROFILE TIME_SCALE [roundrobin]: three simulated workers,
+# the indexer and Envoy with kvsteer (and, with "roundrobin", the plain
+# round-robin Envoy on 127.0.0.1:8081 as well). Logs go to .demo/.
+start_local_layout() {
+  local profile=$1 scale=$2 extra=${3:-} i
+  ensure_apt curl:curl
+  mkdir -p "$KVSTEER_RUN"
+  trap stop_local_layout EXIT INT TERM
+  log "starting three simulated workers (127.0.0.1:8001..8003, profile $profile)"
+  for i in 1 2 3; do
+    "$KVSTEER_BIN/kvsteer-sim" engine --listen "127.0.0.1:800$i" --served-model-name "$KVSTEER_MODEL" \
+      --tokenizer .cache/tokenizers/qwen3 \
+      --kv-events-endpoint "tcp://127.0.0.1:555$((6 + i))" --replay-endpoint "tcp://127.0.0.1:556$((6 + i))" \
+      --profile "$profile" --time-scale "$scale" --seed "$i" --worker-id "w$i" >"$KVSTEER_RUN/sim-w$i.log" 2>&1 &
+    KVSTEER_PIDS+=($!)
+  done
+  for i in 1 2 3; do wait_http "http://127.0.0.1:800$i/health" "worker w$i"; done
+
+  log "starting the indexer (gRPC 127.0.0.1:9090, admin 127.0.0.1:9091)"
+  RUST_LOG=${RUST_LOG:-info} "$KVSTEER_BIN/kvsteer-indexer" serve --config envoy/local/indexer.yaml \
+    >"$KVSTEER_RUN/indexer.log" 2>&1 &
+  KVSTEER_PIDS+=($!)
+  wait_http http://127.0.0.1:9091/readyz "the indexer"
+
+  log "starting Envoy with the kvsteer filter (127.0.0.1:8080)"
+  .venv/bin/envoy -c envoy/local/envoy.yaml --disable-hot-restart --log-level warn \
+    >"$KVSTEER_RUN/envoy.log" 2>&1 &
+  KVSTEER_PIDS+=($!)
+  wait_http http://127.0.0.1:9901/ready "Envoy"
+  if [ "$extra" = roundrobin ]; then
+    log "starting the plain round-robin Envoy (127.0.0.1:8081)"
+    .venv/bin/envoy -c envoy/local/envoy-roundrobin.yaml --disable-hot-restart --log-level warn \
+      >"$KVSTEER_RUN/envoy-roundrobin.log" 2>&1 &
+    KVSTEER_PIDS+=($!)
+    wait_http http://127.0.0.1:9902/ready "the round-robin Envoy"
+  fi
 }

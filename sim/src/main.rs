@@ -30,6 +30,9 @@ enum Command {
     /// Run a scripted multi-turn chat workload against an endpoint and print,
     /// per request, the worker that served it, cached tokens and TTFT.
     Converse(ConverseArgs),
+    /// Measure the latency kvsteer's filter and indexer add over the same
+    /// Envoy with plain round robin, side by side at a fixed rate.
+    Overhead(kvsteer_sim::live::overhead::OverheadArgs),
     /// Compare routing policies on the same arrivals: in virtual time
     /// (default; deterministic for a seed) or live through Envoy (`--live`).
     Bench(BenchArgs),
@@ -46,6 +49,7 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Engine(args) => run_engine(args).await,
         Command::Converse(args) => converse::run(&args).await.map(|_| ()),
+        Command::Overhead(args) => kvsteer_sim::live::overhead::run(&args).await,
         Command::Bench(args) => kvsteer_sim::bench::cli::run(&args).await,
     }
 }

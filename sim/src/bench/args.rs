@@ -79,6 +79,10 @@ pub struct BenchArgs {
     /// The indexer scrapes engine metrics this often (virtual ms).
     #[arg(long, default_value_t = DEFAULT_SCRAPE_INTERVAL_MS)]
     pub scrape_interval_ms: f64,
+    /// Feed the engines' e2e/TTFT latency histograms to the scrape, as the
+    /// service reads them from `/metrics` (`false`: gauges only, a diagnostic).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub scrape_latency: bool,
     /// Parallel runs (default: available cores).
     #[arg(long)]
     pub jobs: Option<usize>,
@@ -217,6 +221,7 @@ impl Resolved {
             seed: self.seed,
             event_delay_s: self.event_delay_s,
             scrape_interval_s: self.scrape_interval_s,
+            scrape_latency: self.raw.scrape_latency,
         }
     }
 

@@ -32,6 +32,8 @@ pub struct RunConfig {
     pub event_delay_s: f64,
     /// The indexer scrapes engine metrics this often (s).
     pub scrape_interval_s: f64,
+    /// The scrape includes the engines' latency histograms.
+    pub scrape_latency: bool,
 }
 
 /// One request's fate.
@@ -173,7 +175,13 @@ pub fn run(plan: &Plan, cfg: &RunConfig) -> RunOutput {
             }
             Ev::Scrape => {
                 let stats: Vec<_> = sim.engines.iter().map(Engine::stats).collect();
-                sim.router.scrape(&stats, &sim.latency, t);
+                let none = vec![Latency::default(); cfg.workers];
+                let latency = if cfg.scrape_latency {
+                    &sim.latency
+                } else {
+                    &none
+                };
+                sim.router.scrape(&stats, latency, t);
                 // Keep scraping while anything can still happen.
                 if sim.in_flight > 0 || sim.heap.len() > sim.events_pending {
                     sim.push(t + cfg.scrape_interval_s, Ev::Scrape);

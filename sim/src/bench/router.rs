@@ -341,6 +341,29 @@ mod tests {
     }
 
     #[test]
+    fn scraped_latency_means_follow_the_histograms() {
+        let kvsteer = BenchPolicy::Indexer(IndexerPolicy::Kvsteer);
+        let mut r = VirtualRouter::new(kvsteer, ScoringConfig::default(), 1, 16, 1);
+        let stats = [EngineStats::default()];
+        let at = |e2e_sum, ttft_sum, count| Latency {
+            e2e_sum,
+            ttft_sum,
+            count,
+        };
+        r.scrape(&stats, &[at(0.0, 0.0, 0.0)], 1.0);
+        assert_eq!(r.scraped[0].unwrap().slot_time_s(), None);
+        // Two requests of 4 s with 1 s to the first token: 3 s per slot.
+        r.scrape(&stats, &[at(8.0, 2.0, 2.0)], 2.0);
+        assert_eq!(r.scraped[0].unwrap().slot_time_s(), Some(3.0));
+        // Nothing new: unchanged; one request of 14 s moves the mean by alpha.
+        r.scrape(&stats, &[at(8.0, 2.0, 2.0)], 3.0);
+        assert_eq!(r.scraped[0].unwrap().e2e.mean, Some(4.0));
+        r.scrape(&stats, &[at(22.0, 3.0, 3.0)], 4.0);
+        let e2e = r.scraped[0].unwrap().e2e.mean.unwrap();
+        assert!((e2e - (4.0 + MEAN_ALPHA * 10.0)).abs() < 1e-9, "{e2e}");
+    }
+
+    #[test]
     fn random_is_seeded() {
         let prompt: Vec<u32> = (0..64).collect();
         let picks = |seed| {

@@ -5,3 +5,4 @@
 pub mod bench;
 pub mod client;
 pub mod converse;
+pub mod overhead;
