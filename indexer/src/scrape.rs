@@ -1,7 +1,7 @@
 //! Scrapes each worker's Prometheus `/metrics` for the engine's own queue
 //! (vLLM gauges) and marks workers that stop answering as down.
 
-use crate::scoring::{HistogramMean, ScrapedLoad};
+use crate::scoring::ScrapedLoad;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::{
@@ -18,8 +18,7 @@ const E2E_SUM: &str = "vllm:e2e_request_latency_seconds_sum";
 const E2E_COUNT: &str = "vllm:e2e_request_latency_seconds_count";
 const TTFT_SUM: &str = "vllm:time_to_first_token_seconds_sum";
 const TTFT_COUNT: &str = "vllm:time_to_first_token_seconds_count";
-/// Weight of the newest scrape interval in a histogram's recent mean.
-const MEAN_ALPHA: f64 = 0.3;
+
 /// Larger metrics pages are refused.
 const MAX_BODY: usize = 8 << 20;
 
@@ -80,8 +79,8 @@ impl Health {
         let mut s = self.state.lock();
         match result {
             Ok(mut load) => {
-                follow(s.load.as_ref().map(|l| &l.e2e), &mut load.e2e);
-                follow(s.load.as_ref().map(|l| &l.ttft), &mut load.ttft);
+                load.e2e.follow(s.load.as_ref().map(|l| &l.e2e));
+                load.ttft.follow(s.load.as_ref().map(|l| &l.ttft));
                 s.load = Some(load);
                 s.failures = 0;
                 s.last_error = None;
@@ -93,22 +92,6 @@ impl Health {
             }
         }
     }
-}
-
-/// Moves the recent mean of a cumulative histogram by what was observed since
-/// the previous scrape. A histogram that went back means the engine
-/// restarted: its lifetime mean starts over.
-fn follow(prev: Option<&HistogramMean>, now: &mut HistogramMean) {
-    let lifetime = (now.count > 0.0).then(|| now.sum / now.count);
-    now.mean = match prev {
-        None => lifetime,
-        Some(p) if now.count < p.count || now.sum < p.sum => lifetime,
-        Some(p) if now.count == p.count => p.mean,
-        Some(p) => {
-            let sample = (now.sum - p.sum) / (now.count - p.count);
-            Some(p.mean.map_or(sample, |m| m + MEAN_ALPHA * (sample - m)))
-        }
-    };
 }
 
 /// Fetches and parses one worker's metrics page.
@@ -276,7 +259,10 @@ vllm:num_requests_running{broken 7
         // Two more of 14 s each move the mean by MEAN_ALPHA towards 14.
         h.record(Ok(parse(&page(36.0, 4.0, 4.0), None).unwrap()), now);
         let e2e = h.load().unwrap().e2e.mean.unwrap();
-        assert!((e2e - (4.0 + MEAN_ALPHA * 10.0)).abs() < 1e-9, "{e2e}");
+        assert!(
+            (e2e - (4.0 + crate::scoring::MEAN_ALPHA * 10.0)).abs() < 1e-9,
+            "{e2e}"
+        );
         // The engine restarted (counts went back): lifetime means again.
         h.record(Ok(parse(&page(2.0, 1.0, 0.5), None).unwrap()), now);
         assert_eq!(h.load().unwrap().slot_time_s(), Some(1.5));

@@ -190,29 +190,23 @@ impl Cluster {
 
     /// `GET /debug/workers` of the indexer.
     pub async fn debug_workers(&self) -> anyhow::Result<Value> {
-        let v = self
-            .client
-            .get(self.admin_url("/debug/workers"))
-            .send()
-            .await?
-            .error_for_status()?
-            .json::<Value>()
-            .await?;
-        Ok(v)
+        self.admin_json(self.client.get(self.admin_url("/debug/workers")))
+            .await
     }
 
     /// `POST /debug/score` of the indexer for an OpenAI body.
     pub async fn debug_score(&self, body: &Value) -> anyhow::Result<Value> {
-        let v = self
-            .client
-            .post(self.admin_url("/debug/score"))
-            .json(body)
+        self.admin_json(self.client.post(self.admin_url("/debug/score")).json(body))
+            .await
+    }
+
+    async fn admin_json(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+        Ok(req
             .send()
             .await?
             .error_for_status()?
             .json::<Value>()
-            .await?;
-        Ok(v)
+            .await?)
     }
 
     /// Waits until at least `n` workers' event streams are live.

@@ -55,6 +55,28 @@ pub struct HistogramMean {
     pub mean: Option<f64>,
 }
 
+/// Weight of the newest scrape interval in a histogram's recent mean.
+pub const MEAN_ALPHA: f64 = 0.3;
+
+impl HistogramMean {
+    /// Sets the recent mean after a scrape, from `prev` (the previous
+    /// scrape): what was observed in between moves it by [`MEAN_ALPHA`]. A
+    /// histogram that went back means the engine restarted: its lifetime
+    /// mean starts over.
+    pub fn follow(&mut self, prev: Option<&HistogramMean>) {
+        let lifetime = (self.count > 0.0).then(|| self.sum / self.count);
+        self.mean = match prev {
+            None => lifetime,
+            Some(p) if self.count < p.count || self.sum < p.sum => lifetime,
+            Some(p) if self.count == p.count => p.mean,
+            Some(p) => {
+                let sample = (self.sum - p.sum) / (self.count - p.count);
+                Some(p.mean.map_or(sample, |m| m + MEAN_ALPHA * (sample - m)))
+            }
+        };
+    }
+}
+
 impl ScrapedLoad {
     /// How long a request holds a running slot after its first token
     /// (mean end-to-end latency minus mean TTFT), in seconds.
