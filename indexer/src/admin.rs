@@ -27,6 +27,9 @@ pub struct AdminState {
     pub index: Index,
     pub registry: Arc<Registry>,
     pub tenant_header: String,
+    /// Ready only once an event stream is live (false for a Redis reader
+    /// replica, which applies no events: it is ready at once).
+    pub needs_streams: bool,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -56,7 +59,7 @@ async fn metrics(State(s): State<AdminState>) -> Response {
 }
 
 async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
-    if s.workers.any_live() {
+    if !s.needs_streams || s.workers.any_live() {
         (StatusCode::OK, "ready\n")
     } else {
         (

@@ -4,9 +4,12 @@
 
 use crate::{
     admin::{self, AdminState},
-    config::Config,
+    config::{Config, IndexBackend},
     grpc::RouterService,
-    index::Index,
+    index::{
+        Index,
+        redis::{RedisBackend, RedisMetrics, RedisSetupError},
+    },
     load::LoadTracker,
     metrics::Metrics,
     picker::Picker,
@@ -32,6 +35,8 @@ pub enum AppError {
         path: String,
         source: kvsteer_tokenize::Error,
     },
+    #[error("index.redis: {0}")]
+    Redis(#[from] RedisSetupError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         what: &'static str,
@@ -39,6 +44,10 @@ pub enum AppError {
         source: std::io::Error,
     },
 }
+
+/// How often the Redis backend is pinged, its stats refreshed and workers
+/// whose writes failed are resynced.
+pub const REDIS_UPKEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// A running service.
 pub struct Running {
@@ -66,16 +75,42 @@ pub fn load_tokenizers(cfg: &Config) -> Result<HashMap<String, Arc<PromptTokeniz
         .collect()
 }
 
-/// The picker and its collaborators, without any task or listener
-/// (benchmarks and tests drive it directly).
+/// The index the configuration asks for: the memory one, or the Redis one
+/// (its metrics registered in `registry`; it does not wait for Redis).
+pub async fn build_index(
+    cfg: &Config,
+    registry: &mut Registry,
+) -> Result<(Index, Option<Arc<RedisBackend>>), AppError> {
+    match cfg.index.backend {
+        IndexBackend::Memory => Ok((Index::memory(cfg.index.capacity), None)),
+        IndexBackend::Redis => {
+            let metrics = RedisMetrics::register(registry);
+            let backend = Arc::new(RedisBackend::new(cfg.index.redis_config(), metrics).await?);
+            Ok((Index::with_backend(backend.clone()), Some(backend)))
+        }
+    }
+}
+
+/// The picker and its collaborators on a memory index, without any task or
+/// listener (benchmarks and tests drive it directly).
 pub fn build_picker(
     cfg: &Config,
     tokenizers: HashMap<String, Arc<PromptTokenizer>>,
     registry: &mut Registry,
 ) -> (Arc<Picker>, Arc<Workers>, Index, Arc<Metrics>) {
+    let index = Index::memory(cfg.index.capacity);
+    build_picker_on(cfg, tokenizers, registry, index)
+}
+
+/// [`build_picker`] on a given index.
+pub fn build_picker_on(
+    cfg: &Config,
+    tokenizers: HashMap<String, Arc<PromptTokenizer>>,
+    registry: &mut Registry,
+    index: Index,
+) -> (Arc<Picker>, Arc<Workers>, Index, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::new(registry, &cfg.tenants.metrics_allowlist));
     let workers = Arc::new(Workers::new(&cfg.workers));
-    let index = Index::memory(cfg.index.capacity);
     for w in workers.iter() {
         let block_size = cfg.model(&w.cfg.model).map_or(16, |m| m.block_size);
         index.register_worker(w.id, &w.cfg.model, block_size);
@@ -100,7 +135,10 @@ pub fn build_picker(
 pub async fn start(cfg: Config) -> Result<Running, AppError> {
     let tokenizers = load_tokenizers(&cfg)?;
     let mut registry = Registry::default();
-    let (picker, workers, index, metrics) = build_picker(&cfg, tokenizers, &mut registry);
+    let (index, redis) = build_index(&cfg, &mut registry).await?;
+    let (picker, workers, index, metrics) = build_picker_on(&cfg, tokenizers, &mut registry, index);
+    // A Redis reader replica never applies events: the writer does.
+    let applies_events = redis.as_ref().is_none_or(|r| r.config().writer);
     let (shutdown, shutdown_rx) = watch::channel(false);
 
     let grpc = listen("grpc", &cfg.grpc_listen).await?;
@@ -108,7 +146,29 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
     let grpc_addr = grpc.local_addr().expect("bound");
     let admin_addr = admin.local_addr().expect("bound");
 
-    let mut tasks = streams::spawn_all(&workers, &index, &cfg.streams, &metrics, &shutdown_rx);
+    let mut tasks = Vec::new();
+    if let Some(redis) = &redis {
+        if applies_events {
+            purge_at_startup(redis, &index, &workers).await;
+        }
+        tasks.push(tokio::spawn(redis_upkeep(
+            redis.clone(),
+            index.clone(),
+            workers.clone(),
+            shutdown_rx.clone(),
+        )));
+    }
+    if applies_events {
+        tasks.extend(streams::spawn_all(
+            &workers,
+            &index,
+            &cfg.streams,
+            &metrics,
+            &shutdown_rx,
+        ));
+    } else {
+        streams::mark_disabled(&workers, &metrics);
+    }
     tasks.push(tokio::spawn(housekeeping(
         picker.clone(),
         cfg.clone(),
@@ -136,6 +196,7 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         index: index.clone(),
         registry: Arc::new(registry),
         tenant_header: cfg.tenants.header.clone(),
+        needs_streams: applies_events,
     };
     let mut rx = shutdown_rx.clone();
     tasks.push(tokio::spawn(async move {
@@ -146,7 +207,14 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
             tracing::error!(%error, "admin server failed");
         }
     }));
-    tracing::info!(%grpc_addr, %admin_addr, workers = workers.len(), "kvsteer-indexer started");
+    tracing::info!(
+        %grpc_addr,
+        %admin_addr,
+        workers = workers.len(),
+        index = ?cfg.index.backend,
+        applies_events,
+        "kvsteer-indexer started"
+    );
     Ok(Running {
         grpc_addr,
         admin_addr,
@@ -196,6 +264,64 @@ async fn listen(what: &'static str, addr: &str) -> Result<TcpListener, AppError>
 
 async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// A restarted writer has empty ingest maps, so it cannot derive removals
+/// for what an earlier run stored: purge every worker before subscribing.
+/// When Redis is down, the worker is marked for a resync instead (done by
+/// [`redis_upkeep`] once Redis answers).
+async fn purge_at_startup(redis: &RedisBackend, index: &Index, workers: &Workers) {
+    if let Err(error) = redis.refresh_stats().await {
+        // Don't wait a write budget per worker: resync them all later.
+        tracing::warn!(%error, "redis unavailable at startup; picks score on load only until it answers");
+        for w in workers.iter() {
+            w.stream.mark_resync();
+        }
+        return;
+    }
+    for w in workers.iter() {
+        if let Err(error) = index.reset_worker(w.id).await {
+            tracing::warn!(worker = %w.cfg.name, %error, "cannot purge worker at startup; resync later");
+            w.stream.mark_resync();
+        }
+    }
+}
+
+/// Every [`REDIS_UPKEEP_EVERY`]: ping Redis; when it answers, refresh the
+/// index stats and resync the workers whose writes failed.
+async fn redis_upkeep(
+    redis: Arc<RedisBackend>,
+    index: Index,
+    workers: Arc<Workers>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(REDIS_UPKEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            _ = stopped(&mut shutdown) => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(error) = redis.ping().await {
+            tracing::debug!(%error, "redis ping failed");
+            continue;
+        }
+        for w in workers.iter() {
+            if w.cfg.kv_events.is_some() {
+                w.stream.request_resync();
+            } else if w.stream.take_resync()
+                && let Err(error) = index.reset_worker(w.id).await
+            {
+                // No subscriber to stop: only the startup purge to redo.
+                tracing::debug!(worker = %w.cfg.name, %error, "purge failed");
+                w.stream.mark_resync();
+            }
+        }
+        if let Err(error) = redis.refresh_stats().await {
+            tracing::debug!(%error, "redis stats refresh failed");
+        }
+    }
 }
 
 /// Every scrape interval: scrape worker metrics, expire stale in-flight

@@ -1,6 +1,7 @@
 //! The service configuration (YAML): every key has a default, unknown keys are
 //! rejected, and [`Config::validate`] names the field that is wrong.
 
+use crate::index::redis::{RedisConfig, RedisConfigError};
 use serde::{Deserialize, Serialize};
 use std::{collections::HashSet, net::SocketAddr, path::PathBuf};
 
@@ -20,6 +21,10 @@ pub const DEFAULT_CALIBRATION_MIN_TOKENS: u32 = 256;
 pub const DEFAULT_RATE_MIN_FACTOR: f64 = 0.25;
 pub const DEFAULT_RATE_MAX_FACTOR: f64 = 4.0;
 pub const DEFAULT_MAX_ENDPOINTS: u32 = 3;
+/// vLLM's default `max_num_seqs`.
+pub const DEFAULT_MAX_NUM_SEQS: u32 = 256;
+pub const DEFAULT_KV_FULL_THRESHOLD: f64 = 0.95;
+pub const DEFAULT_TIE_RATIO: f64 = 0.05;
 pub const DEFAULT_INDEX_CAPACITY: usize = 4_000_000;
 pub const DEFAULT_TENANT_HEADER: &str = "x-tenant-id";
 pub const DEFAULT_SCRAPE_INTERVAL_MS: u64 = 1_000;
@@ -111,6 +116,14 @@ pub struct ScoringConfig {
     pub rate_max_factor: f64,
     /// Endpoints returned per pick: the choice plus fallbacks.
     pub max_endpoints: u32,
+    /// The workers' `--max-num-seqs`: with this many running, a waiting
+    /// request waits for a slot to free.
+    pub max_num_seqs: u32,
+    /// KV cache usage (0..=1) from which waiting requests wait for blocks to free.
+    pub kv_full_threshold: f64,
+    /// Predictions within this fraction of the best one count as a tie,
+    /// broken by load and then in rotation, so equal workers share traffic.
+    pub tie_ratio: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -127,7 +140,11 @@ pub struct IndexConfig {
     pub backend: IndexBackend,
     /// Blocks the memory index holds before evicting.
     pub capacity: usize,
+    /// Shorthand for `redis.url`; folded into it by [`Config::from_yaml`].
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_url: Option<String>,
+    /// The Redis backend (`backend: redis`).
+    pub redis: RedisConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -176,8 +193,6 @@ pub enum ConfigError {
     Duplicate { field: String, value: String },
     #[error("{field}: model {model:?} is not listed under `models`")]
     UnknownModel { field: String, model: String },
-    #[error("{field}: the {what} is not built yet; use `backend: memory`")]
-    NotBuilt { field: String, what: &'static str },
 }
 
 // === impl Default ===
@@ -223,6 +238,9 @@ impl Default for ScoringConfig {
             rate_min_factor: DEFAULT_RATE_MIN_FACTOR,
             rate_max_factor: DEFAULT_RATE_MAX_FACTOR,
             max_endpoints: DEFAULT_MAX_ENDPOINTS,
+            max_num_seqs: DEFAULT_MAX_NUM_SEQS,
+            kv_full_threshold: DEFAULT_KV_FULL_THRESHOLD,
+            tie_ratio: DEFAULT_TIE_RATIO,
         }
     }
 }
@@ -233,6 +251,7 @@ impl Default for IndexConfig {
             backend: IndexBackend::default(),
             capacity: DEFAULT_INDEX_CAPACITY,
             redis_url: None,
+            redis: RedisConfig::default(),
         }
     }
 }
@@ -273,7 +292,8 @@ impl Default for StreamsConfig {
 impl Config {
     /// Parses YAML and validates it.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        let cfg: Config = serde_norway::from_str(text)?;
+        let mut cfg: Config = serde_norway::from_str(text)?;
+        cfg.index.fold_shorthand()?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -416,27 +436,60 @@ impl ScoringConfig {
         if self.max_endpoints == 0 {
             return Err(invalid("scoring.max_endpoints", "must be > 0"));
         }
+        if self.max_num_seqs == 0 {
+            return Err(invalid("scoring.max_num_seqs", "must be > 0"));
+        }
+        unit("scoring.kv_full_threshold", self.kv_full_threshold)?;
+        unit("scoring.tie_ratio", self.tie_ratio)?;
         Ok(())
     }
 }
 
 impl IndexConfig {
+    /// Moves the `redis_url` shorthand into `redis.url`; both set to
+    /// different values is an error.
+    pub fn fold_shorthand(&mut self) -> Result<(), ConfigError> {
+        let Some(url) = self.redis_url.take() else {
+            return Ok(());
+        };
+        let default_url = crate::index::redis::config::DEFAULT_URL;
+        if self.redis.url != default_url && self.redis.url != url {
+            return Err(invalid(
+                "index.redis_url",
+                "conflicts with index.redis.url; set only one",
+            ));
+        }
+        self.redis.url = url;
+        Ok(())
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         match self.backend {
-            IndexBackend::Redis => Err(ConfigError::NotBuilt {
-                field: "index.backend".into(),
-                what: "redis index backend",
-            }),
-            IndexBackend::Memory if self.redis_url.is_some() => Err(ConfigError::NotBuilt {
-                field: "index.redis_url".into(),
-                what: "redis index backend",
-            }),
+            IndexBackend::Redis => redis_invalid(self.redis_config().validate()),
             IndexBackend::Memory if self.capacity == 0 => {
                 Err(invalid("index.capacity", "must be > 0"))
             }
             IndexBackend::Memory => Ok(()),
         }
     }
+
+    /// The Redis settings with the `redis_url` shorthand applied.
+    pub fn redis_config(&self) -> RedisConfig {
+        let mut redis = self.redis.clone();
+        if let Some(url) = &self.redis_url {
+            redis.url = url.clone();
+        }
+        redis
+    }
+}
+
+fn redis_invalid(r: Result<(), RedisConfigError>) -> Result<(), ConfigError> {
+    r.map_err(
+        |RedisConfigError::Invalid { field, reason }| ConfigError::Invalid {
+            field: format!("index.redis.{field}"),
+            reason,
+        },
+    )
 }
 
 impl TenantsConfig {
@@ -579,15 +632,62 @@ workers:
     }
 
     #[test]
-    fn redis_is_not_built_yet() {
-        let e = err(&format!(
-            "{MINIMAL}index:\n  redis_url: redis://127.0.0.1:6379\n"
-        ));
-        assert!(
-            e.starts_with("index.redis_url") && e.contains("not built yet"),
-            "{e}"
+    fn redis_backend_takes_nested_settings() {
+        let cfg = Config::from_yaml(&format!(
+            "{MINIMAL}index:\n  backend: redis\n  redis:\n    url: redis://10.0.0.7:6380\n    key_prefix: prod\n    lookup_timeout_ms: 8\n    writer: false\n"
+        ))
+        .unwrap();
+        assert_eq!(cfg.index.backend, IndexBackend::Redis);
+        assert_eq!(cfg.index.redis.url, "redis://10.0.0.7:6380");
+        assert_eq!(cfg.index.redis.key_prefix, "prod");
+        assert_eq!(cfg.index.redis.lookup_timeout_ms, 8);
+        assert!(!cfg.index.redis.writer);
+        assert_eq!(
+            cfg.index.redis.write_timeout_ms,
+            RedisConfig::default().write_timeout_ms
         );
-        let e = err(&format!("{MINIMAL}index:\n  backend: redis\n"));
-        assert!(e.starts_with("index.backend"), "{e}");
+        let again = Config::from_yaml(&cfg.to_yaml()).unwrap();
+        assert_eq!(cfg, again);
+    }
+
+    #[test]
+    fn redis_url_shorthand_is_the_url() {
+        let cfg = Config::from_yaml(&format!(
+            "{MINIMAL}index:\n  backend: redis\n  redis_url: redis://10.0.0.8:6379\n"
+        ))
+        .unwrap();
+        assert_eq!(cfg.index.redis.url, "redis://10.0.0.8:6379");
+        assert_eq!(cfg.index.redis_url, None);
+        assert!(cfg.index.redis.writer);
+        assert!(!cfg.to_yaml().contains("redis_url"));
+        let e = err(&format!(
+            "{MINIMAL}index:\n  backend: redis\n  redis_url: redis://a:1\n  redis:\n    url: redis://b:2\n"
+        ));
+        assert!(e.starts_with("index.redis_url"), "{e}");
+    }
+
+    #[test]
+    fn redis_errors_name_the_nested_field() {
+        let e = err(&format!(
+            "{MINIMAL}index:\n  backend: redis\n  redis:\n    url: http://x\n"
+        ));
+        assert!(e.starts_with("index.redis.url"), "{e}");
+        let e = err(&format!(
+            "{MINIMAL}index:\n  backend: redis\n  redis_url: http://x\n"
+        ));
+        assert!(e.starts_with("index.redis.url"), "{e}");
+        let e = err(&format!(
+            "{MINIMAL}index:\n  backend: redis\n  redis:\n    lookup_timeout_ms: 0\n"
+        ));
+        assert!(e.starts_with("index.redis.lookup_timeout_ms"), "{e}");
+        let e = err(&format!(
+            "{MINIMAL}index:\n  backend: redis\n  redis:\n    colour: red\n"
+        ));
+        assert!(e.contains("colour"), "{e}");
+        // The memory backend ignores the redis section.
+        Config::from_yaml(&format!(
+            "{MINIMAL}index:\n  redis:\n    lookup_timeout_ms: 0\n"
+        ))
+        .unwrap();
     }
 }

@@ -67,6 +67,10 @@ pub struct Metrics {
     pub gaps: Family<WorkerLabels, Counter>,
     pub replays: Family<WorkerLabels, Counter>,
     pub resets: Family<WorkerLabels, Counter>,
+    /// Key operations the index backend failed to apply.
+    pub index_write_errors: Family<WorkerLabels, Counter>,
+    /// Worker entries purged and its events replayed after failed writes.
+    pub index_resyncs: Family<WorkerLabels, Counter>,
     pub stream_state: Family<StreamLabels, Gauge>,
     pub worker_up: Family<WorkerLabels, Gauge>,
     pub prefill_rate: Family<WorkerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
@@ -117,6 +121,8 @@ impl Metrics {
             gaps: Family::default(),
             replays: Family::default(),
             resets: Family::default(),
+            index_write_errors: Family::default(),
+            index_resyncs: Family::default(),
             stream_state: Family::default(),
             worker_up: Family::default(),
             prefill_rate: Family::default(),
@@ -218,6 +224,16 @@ impl Metrics {
             "stream_resets",
             "Publisher restarts (sequence went back)",
             m.resets.clone(),
+        );
+        r.register(
+            "index_write_errors",
+            "Key operations the index backend failed to apply (the worker is resynced)",
+            m.index_write_errors.clone(),
+        );
+        r.register(
+            "index_resyncs",
+            "Workers purged from the index and replayed after failed writes",
+            m.index_resyncs.clone(),
         );
         r.register(
             "stream_state",

@@ -494,4 +494,79 @@ scoring: {{policy: {policy}}}
         );
         assert!(p.load().is_empty());
     }
+
+    /// A backend whose every call fails, like Redis when it is down.
+    struct Down;
+
+    impl crate::index::IndexBackend for Down {
+        fn apply<'a>(
+            &'a self,
+            _: crate::index::WorkerId,
+            _: &'a [crate::index::KeyOp],
+        ) -> futures::future::BoxFuture<'a, Result<(), crate::index::IndexError>> {
+            Box::pin(async { Err(crate::index::IndexError::Backend("down".into())) })
+        }
+        fn purge_worker(
+            &self,
+            _: crate::index::WorkerId,
+        ) -> futures::future::BoxFuture<'_, Result<(), crate::index::IndexError>> {
+            Box::pin(async { Err(crate::index::IndexError::Backend("down".into())) })
+        }
+        fn lookup<'a>(
+            &'a self,
+            _: &'a [crate::keys::BlockKey],
+        ) -> futures::future::BoxFuture<
+            'a,
+            Result<Vec<crate::index::WorkerMatch>, crate::index::IndexError>,
+        > {
+            Box::pin(async { Err(crate::index::IndexError::Backend("down".into())) })
+        }
+        fn entries(&self) -> u64 {
+            0
+        }
+        fn worker_blocks(&self, _: crate::index::WorkerId) -> u64 {
+            0
+        }
+    }
+
+    #[tokio::test]
+    async fn index_failure_degrades_to_load_only_and_is_counted() {
+        let shared = std::env::var_os("KVSTEER_SHARED")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared").into());
+        let tok = PromptTokenizer::from_dir(&shared.join("tokenizers/qwen3")).unwrap();
+        let cfg = Config::from_yaml(
+            "models: [{name: m, tokenizer: /nowhere}]
+workers:
+  - {name: a, endpoint: 127.0.0.1:1, model: m}
+  - {name: b, endpoint: 127.0.0.1:2, model: m}
+",
+        )
+        .unwrap();
+        let mut registry = Registry::default();
+        let tokenizers = HashMap::from([("m".to_owned(), Arc::new(tok))]);
+        let index = Index::with_backend(Arc::new(Down));
+        let (p, ..) = crate::app::build_picker_on(&cfg, tokenizers, &mut registry, index);
+        let first = p.pick(input("r1", "m"), Mode::Commit).await;
+        assert!(first.decision.degraded);
+        assert!(
+            first.decision.reason.starts_with("index_unavailable"),
+            "{:?}",
+            first.decision
+        );
+        assert_eq!(first.decision.prompt_tokens, 64);
+        assert_eq!(first.decision.matched_tokens, 0);
+        assert_eq!(first.endpoints.len(), 2);
+        // Load still steers: the next pick avoids the loaded worker.
+        let second = p.pick(input("r2", "m"), Mode::Commit).await;
+        assert_ne!(first.decision.worker, second.decision.worker);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        assert!(
+            out.contains(
+                r#"kvsteer_degraded_picks_total{reason="index_unavailable",tenant="other"} 2"#
+            ),
+            "{out}"
+        );
+    }
 }

@@ -1,5 +1,11 @@
 //! One KV-event subscriber per worker and one task per worker that applies
 //! its batches to the index in order (bounded channel between them).
+//!
+//! Resync: when the index backend fails to apply a batch, the worker is
+//! marked ([`StreamStatus::needs_resync`]); once the backend answers again
+//! its owner calls [`StreamStatus::request_resync`], and the worker's task
+//! stops the subscriber, purges the worker from the index and starts a new
+//! subscriber, which replays everything the publisher still buffers.
 
 use crate::{
     config::StreamsConfig,
@@ -11,14 +17,17 @@ use kvsteer_kv_events::zmq::{StreamItem, SubscriberConfig, spawn_subscriber};
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicU8, AtomicU64, Ordering::Relaxed},
+        atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed},
     },
     time::Duration,
 };
 use tokio::{
-    sync::{mpsc, watch},
+    sync::{Notify, mpsc, watch},
     task::JoinHandle,
 };
+
+/// How long a stopping subscriber and apply loop may take to finish.
+const STOP_WITHIN: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamState {
@@ -43,6 +52,9 @@ pub struct StreamStatus {
     pub replayed: AtomicU64,
     pub resets: AtomicU64,
     pub malformed: AtomicU64,
+    /// The index backend failed to apply some of this worker's events.
+    resync_needed: AtomicBool,
+    resync: Notify,
 }
 
 // === impl StreamState ===
@@ -85,6 +97,28 @@ impl StreamStatus {
     pub fn last_seq(&self) -> Option<u64> {
         self.next_seq.load(Relaxed).checked_sub(1)
     }
+
+    /// Some events of this worker are missing from the index.
+    pub fn needs_resync(&self) -> bool {
+        self.resync_needed.load(Relaxed)
+    }
+
+    pub fn mark_resync(&self) {
+        self.resync_needed.store(true, Relaxed);
+    }
+
+    /// Clears the resync mark, returning whether it was set.
+    pub fn take_resync(&self) -> bool {
+        self.resync_needed.swap(false, Relaxed)
+    }
+
+    /// Wake the worker's task to resync it (the index backend answers
+    /// again). A no-op unless [`Self::needs_resync`].
+    pub fn request_resync(&self) {
+        if self.needs_resync() {
+            self.resync.notify_one();
+        }
+    }
 }
 
 /// Starts the subscriber and the apply task of every worker with a
@@ -115,18 +149,107 @@ pub fn spawn_all(
             backoff_max: Duration::from_millis(cfg.backoff_max_ms),
             idle_reconnect: cfg.idle_reconnect_s.map(Duration::from_secs),
         };
-        let (tx, rx) = mpsc::channel(cfg.channel_capacity);
-        tasks.push(spawn_subscriber(sub, tx, shutdown.clone()));
-        let task = apply_loop(
+        let task = run_worker(
             workers.clone(),
             w.id as usize,
             index.clone(),
             metrics.clone(),
-            rx,
+            sub,
+            cfg.channel_capacity,
+            shutdown.clone(),
         );
         tasks.push(tokio::spawn(task));
     }
     tasks
+}
+
+/// Marks every stream disabled (a replica that does not apply events).
+pub fn mark_disabled(workers: &Workers, metrics: &Metrics) {
+    for w in workers.iter() {
+        w.stream.set_state(StreamState::Disabled);
+        set_state_metric(metrics, w, StreamState::Disabled);
+    }
+}
+
+/// One worker's subscriber and apply loop, restarted after a resync, until
+/// `shutdown` turns true or the subscriber ends.
+async fn run_worker(
+    workers: Arc<Workers>,
+    index_of: usize,
+    index: Index,
+    metrics: Arc<Metrics>,
+    sub: SubscriberConfig,
+    capacity: usize,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Some(w) = workers.get(index_of) else {
+        return;
+    };
+    loop {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (tx, rx) = mpsc::channel(capacity);
+        let subscriber = spawn_subscriber(sub.clone(), tx, stop_rx);
+        let apply = apply_loop(
+            workers.clone(),
+            index_of,
+            index.clone(),
+            metrics.clone(),
+            rx,
+        );
+        tokio::pin!(apply);
+        let mut applying = true;
+        let resync = loop {
+            tokio::select! {
+                biased;
+                _ = stopped(&mut shutdown) => break false,
+                _ = w.stream.resync.notified() => {
+                    if w.stream.needs_resync() {
+                        break true;
+                    }
+                }
+                _ = &mut apply => {
+                    applying = false;
+                    break false;
+                }
+            }
+        };
+        let _ = stop_tx.send(true);
+        let drained = tokio::time::timeout(STOP_WITHIN, async {
+            let _ = subscriber.await;
+            if applying {
+                apply.await;
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(worker = %w.cfg.name, "kv event subscriber did not stop in time");
+        }
+        if !resync {
+            return;
+        }
+        // Clear the flag first: a write failing from now on marks it again.
+        w.stream.take_resync();
+        match index.reset_worker(w.id).await {
+            Ok(()) => {
+                tracing::info!(worker = %w.cfg.name, "index resync: worker purged, replaying its events");
+                w.stream.next_seq.store(0, Relaxed);
+                metrics
+                    .index_resyncs
+                    .get_or_create(&Metrics::worker(&w.cfg.name))
+                    .inc();
+            }
+            Err(error) => {
+                tracing::warn!(worker = %w.cfg.name, %error, "index resync failed; retrying later");
+                w.stream.mark_resync();
+            }
+        }
+        w.stream.set_state(StreamState::Connecting);
+        set_state_metric(&metrics, w, StreamState::Connecting);
+    }
+}
+
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
 }
 
 /// Applies one worker's stream items in order until the subscriber ends.
@@ -176,6 +299,13 @@ async fn handle(
                 .get_or_create(labels)
                 .inc_by(received);
             let stats = index.apply_batch(w.id, &batch).await;
+            if stats.backend_errors > 0 {
+                s.mark_resync();
+                metrics
+                    .index_write_errors
+                    .get_or_create(labels)
+                    .inc_by(stats.backend_errors);
+            }
             let applied = stats.stored + stats.removed + u64::from(stats.cleared);
             let skipped = stats.skipped + skipped as u64;
             s.batches.fetch_add(1, Relaxed);
@@ -219,6 +349,7 @@ async fn handle(
             metrics.resets.get_or_create(labels).inc();
             if let Err(error) = index.clear_worker(w.id).await {
                 tracing::error!(worker = %w.cfg.name, %error, "cannot clear worker after reset");
+                s.mark_resync();
             }
             metrics
                 .indexed_blocks

@@ -306,12 +306,14 @@ async fn wait_for_choice(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn saturated_warm_worker_loses_to_an_idle_one_and_wins_back() {
     let _g = serial().await;
-    let opts = ClusterOptions::three(SimOptions {
+    let mut opts = ClusterOptions::three(SimOptions {
         profile: "tiny-cpu".into(),
         time_scale: 1.0,
         max_num_seqs: 2,
         ..SimOptions::default()
     });
+    // The indexer knows the workers' slot count.
+    opts.scoring_extra = "  max_num_seqs: 2".into();
     let c = Cluster::start(opts).await.expect("cluster");
     let url = c.envoy_url("/v1/chat/completions");
     let system = json!({"role": "system", "content": system_prompt("zeta")});

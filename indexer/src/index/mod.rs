@@ -216,6 +216,23 @@ impl Index {
         self.purge_leftovers(worker).await
     }
 
+    /// Forget `worker`'s ingest state and purge every entry the backend
+    /// holds for it, whatever the local counters say: a restarted service
+    /// (entries from an earlier run) or a resync after failed writes. The
+    /// worker stays registered; no batch is applied meanwhile.
+    pub async fn reset_worker(&self, worker: WorkerId) -> Result<(), IndexError> {
+        let handle = self.handle(worker);
+        let _state = match &handle {
+            Some(handle) => {
+                let mut state = handle.state.lock().await;
+                state.clear(&mut Vec::new());
+                Some(state)
+            }
+            None => None,
+        };
+        self.inner.backend.purge_worker(worker).await
+    }
+
     /// Unregister `worker` and purge its entries.
     pub async fn remove_worker(&self, worker: WorkerId) -> Result<(), IndexError> {
         let handle = self.inner.workers.write().remove(&worker);

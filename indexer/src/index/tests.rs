@@ -295,6 +295,32 @@ async fn all_blocks_cleared_and_clear_worker_forget_one_worker() {
 }
 
 #[tokio::test]
+async fn reset_worker_purges_one_worker_and_forgets_its_hashes() {
+    let index = index(2);
+    let t = toks(1, 2);
+    for w in 0..2 {
+        index
+            .apply_batch(w, &batch(vec![gpu(stored(&[1, 2], None, &t))]))
+            .await;
+    }
+    index.reset_worker(0).await.unwrap();
+    assert_eq!(index.lookup(&keys(&t)).await.unwrap(), vec![m(1, 2, 2)]);
+    assert_eq!((index.worker_blocks(0), index.worker_blocks(1)), (0, 2));
+    assert_eq!(index.tracked_hashes(0).await, 0);
+    // A replay from scratch stores the blocks again.
+    let stats = index
+        .apply_batch(0, &batch(vec![gpu(stored(&[1, 2], None, &t))]))
+        .await;
+    assert_eq!(stats.stored, 2);
+    assert_eq!(
+        index.lookup(&keys(&t)).await.unwrap(),
+        vec![m(0, 2, 2), m(1, 2, 2)]
+    );
+    // An unregistered worker is purged too.
+    index.reset_worker(7).await.unwrap();
+}
+
+#[tokio::test]
 async fn remove_worker_purges_and_unregisters() {
     let index = index(2);
     let t = toks(1, 2);

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! queued   = max(unprefilled tokens we sent, scraped waiting × waiting_request_tokens)
-//! slots    = (waiting + 1) × slot_time / running   (when waiting > 0: wait for free slots)
+//! slots    = (waiting + 1) × slot_time / running   (when waiting > 0 and running ≥ max_num_seqs
+//!                                                  or kv_usage ≥ kv_full_threshold)
 //! uncached = max(prompt − gpu_hits × gpu_hit_weight − cpu_hits × cpu_hit_weight, 1)
 //! ttft_ms  = max(1000 × queued / rate, 1000 × slots)   (wait for the work ahead)
 //!          + running × decode_ms_per_running (decode steps sharing the batches)
@@ -60,11 +61,17 @@ pub fn predict(cfg: &ScoringConfig, prompt_tokens: u32, w: &WorkerView) -> Predi
     // Requests waiting for a running slot (max_num_seqs or KV blocks full)
     // start as running ones finish: R slots each held `slot_time` free one
     // every slot_time / R, and this request needs the (waiting + 1)th.
-    let slot_wait_ms = w.scraped.map_or(0.0, |s| match s.slot_time_s() {
-        Some(slot) if s.waiting > 0.0 && s.running > 0.0 => {
-            1000.0 * (s.waiting + 1.0) * slot / s.running
+    // Only when the engine is really out of slots or blocks: a waiting queue
+    // also forms for one step at a time behind the prefill token budget,
+    // which the token term covers.
+    let slot_wait_ms = w.scraped.map_or(0.0, |s| {
+        let full = s.running >= f64::from(cfg.max_num_seqs) || s.kv_usage >= cfg.kv_full_threshold;
+        match s.slot_time_s() {
+            Some(slot) if full && s.waiting > 0.0 && s.running > 0.0 => {
+                1000.0 * (s.waiting + 1.0) * slot / s.running
+            }
+            _ => 0.0,
         }
-        _ => 0.0,
     });
     let queue_ms = (1000.0 * queued_tokens / rate).max(slot_wait_ms);
     let decode_ms = running * cfg.decode_ms_per_running;
@@ -116,6 +123,8 @@ mod tests {
     fn cfg() -> ScoringConfig {
         ScoringConfig {
             prefill_rate_prior: RATE,
+            // Exact crossovers: no near-tie band (rank's tests cover it).
+            tie_ratio: 0.0,
             ..Default::default()
         }
     }
@@ -225,15 +234,27 @@ mod tests {
         let mut w = warm(0, 0);
         let mut load = ScrapedLoad {
             waiting: 6.0,
-            running: 2.0,
+            running: f64::from(cfg().max_num_seqs),
             ..ScrapedLoad::default()
         };
-        load.e2e.mean = Some(4.5);
+        let running = load.running;
+        load.e2e.mean = Some(100.5);
         load.ttft.mean = Some(0.5);
         w.scraped = Some(load);
         let p = predict(&cfg(), PROMPT, &w);
-        assert_eq!(p.queue_ms, 1000.0 * 7.0 * 4.0 / 2.0);
+        assert_eq!(p.queue_ms, 1000.0 * 7.0 * 100.0 / running);
         assert_eq!(choice(&[w, cold()]), 1);
+        // The same queue with free slots and blocks is a token-budget queue:
+        // no slot term.
+        let mut budget = load;
+        budget.running = running - 1.0;
+        w.scraped = Some(budget);
+        let p = predict(&cfg(), PROMPT, &w);
+        assert_eq!(p.queue_ms, 1000.0 * p.queued_tokens / RATE);
+        // Full KV cache with free slots: waits for blocks.
+        budget.kv_usage = 0.99;
+        w.scraped = Some(budget);
+        assert!(predict(&cfg(), PROMPT, &w).queue_ms > 1000.0);
         // Slots free again (nobody waiting): the cache wins.
         load.waiting = 0.0;
         w.scraped = Some(load);

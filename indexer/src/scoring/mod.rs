@@ -141,13 +141,23 @@ pub fn rank(
     // Rotating tie-break so that equal candidates share the traffic.
     let tie = |r: &Ranked| (r.index + n - turn.counter % n) % n;
     match policy {
-        Policy::Kvsteer => candidates.sort_by(|a, b| {
-            a.prediction
-                .ttft_ms
-                .total_cmp(&b.prediction.ttft_ms)
-                .then_with(|| views[a.index].load().total_cmp(&views[b.index].load()))
-                .then_with(|| tie(a).cmp(&tie(b)))
-        }),
+        Policy::Kvsteer => {
+            candidates.sort_by(|a, b| a.prediction.ttft_ms.total_cmp(&b.prediction.ttft_ms));
+            // Predictions within tie_ratio of the best are equally good: the
+            // least loaded of them goes first, equal ones in rotation, so
+            // near-identical calibrated rates don't decide every cold pick.
+            let best = candidates.first().map_or(0.0, |r| r.prediction.ttft_ms);
+            let near = candidates
+                .iter()
+                .take_while(|r| r.prediction.ttft_ms <= best * (1.0 + cfg.tie_ratio))
+                .count();
+            candidates[..near].sort_by(|a, b| {
+                views[a.index]
+                    .load()
+                    .total_cmp(&views[b.index].load())
+                    .then_with(|| tie(a).cmp(&tie(b)))
+            });
+        }
         Policy::LeastRequest => baselines::least_request(&mut candidates, views, tie),
         Policy::PrefixOnly => baselines::prefix_only(&mut candidates, views, tie),
         Policy::RoundRobin => candidates.sort_by_key(tie),
@@ -222,6 +232,24 @@ mod tests {
             .map(|c| order(Policy::Kvsteer, &views, c)[0])
             .collect();
         assert_eq!(firsts.len(), 3);
+    }
+
+    #[test]
+    fn near_equal_kvsteer_candidates_share_traffic_and_clear_winners_win() {
+        // Calibrated rates 2 % apart: a tie within tie_ratio, so rotation decides.
+        let views = vec![idle(1000.0), idle(1020.0), idle(1010.0)];
+        let firsts: std::collections::HashSet<_> = (0..3)
+            .map(|c| order(Policy::Kvsteer, &views, c)[0])
+            .collect();
+        assert_eq!(firsts.len(), 3);
+        // Among the near-ties the least loaded goes first.
+        let mut loaded = views.clone();
+        loaded[1].in_flight = 2;
+        loaded[2].in_flight = 1;
+        assert_eq!(order(Policy::Kvsteer, &loaded, 1)[0], 0);
+        // 20 % faster is no tie.
+        let views = vec![idle(1000.0), idle(1200.0), idle(1000.0)];
+        assert!((0..3).all(|c| order(Policy::Kvsteer, &views, c)[0] == 1));
     }
 
     #[test]

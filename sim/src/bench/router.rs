@@ -56,25 +56,6 @@ pub struct Latency {
     pub count: f64,
 }
 
-/// Weight of each scrape's new observations in a histogram's recent mean
-/// (`kvsteer_indexer::scrape`'s private `MEAN_ALPHA`).
-const MEAN_ALPHA: f64 = 0.3;
-
-/// `kvsteer_indexer::scrape::follow` (private there): moves the recent mean
-/// of a cumulative histogram by what was observed since the last scrape.
-fn follow(prev: Option<&HistogramMean>, now: &mut HistogramMean) {
-    let lifetime = (now.count > 0.0).then(|| now.sum / now.count);
-    now.mean = match prev {
-        None => lifetime,
-        Some(p) if now.count < p.count || now.sum < p.sum => lifetime,
-        Some(p) if now.count == p.count => p.mean,
-        Some(p) => {
-            let sample = (now.sum - p.sum) / (now.count - p.count);
-            Some(p.mean.map_or(sample, |m| m + MEAN_ALPHA * (sample - m)))
-        }
-    };
-}
-
 /// A pick: the worker and what the service would have predicted there.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Choice {
@@ -261,8 +242,8 @@ impl VirtualRouter {
                 count: l.count,
                 mean: None,
             };
-            follow(prev.map(|p| &p.e2e), &mut e2e);
-            follow(prev.map(|p| &p.ttft), &mut ttft);
+            e2e.follow(prev.map(|p| &p.e2e));
+            ttft.follow(prev.map(|p| &p.ttft));
             *slot = Some(ScrapedLoad {
                 waiting: s.waiting as f64,
                 running: s.running as f64,
@@ -360,7 +341,10 @@ mod tests {
         assert_eq!(r.scraped[0].unwrap().e2e.mean, Some(4.0));
         r.scrape(&stats, &[at(22.0, 3.0, 3.0)], 4.0);
         let e2e = r.scraped[0].unwrap().e2e.mean.unwrap();
-        assert!((e2e - (4.0 + MEAN_ALPHA * 10.0)).abs() < 1e-9, "{e2e}");
+        assert!(
+            (e2e - (4.0 + kvsteer_indexer::scoring::MEAN_ALPHA * 10.0)).abs() < 1e-9,
+            "{e2e}"
+        );
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub struct RedisConfig {
     pub entry_ttl_s: u64,
     pub backoff_max_ms: u64,
     pub ops_per_script: usize,
+    /// This replica applies its workers' KV events to Redis (and purges
+    /// them at startup). Exactly one replica per Redis should be the
+    /// writer; the others only read (`false`).
+    pub writer: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +88,7 @@ impl Default for RedisConfig {
             entry_ttl_s: DEFAULT_ENTRY_TTL_S,
             backoff_max_ms: DEFAULT_BACKOFF_MAX_MS,
             ops_per_script: DEFAULT_OPS_PER_SCRIPT,
+            writer: true,
         }
     }
 }
