@@ -12,7 +12,7 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(220, 50, 47),
     RGBColor(133, 153, 0),
     RGBColor(38, 139, 210),
-    RGBColor(181, 137, 0),
+    RGBColor(255, 127, 14),
     RGBColor(0, 0, 0),
     RGBColor(108, 113, 196),
     RGBColor(42, 161, 152),
