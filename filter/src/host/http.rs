@@ -55,6 +55,11 @@ pub(crate) struct KvsteerHttp {
     facts: ResponseFacts,
     resumed_at: Option<SystemTime>,
     usage: UsageScanner,
+    /// The terminal report, decided at the response's end and sent from
+    /// `on_log`, once the response has reached the client.
+    deferred: Option<(ReportKind, Option<Usage>)>,
+    /// A first-token report waiting for `on_log` (see `on_http_response_body`).
+    deferred_first_token: bool,
 }
 
 impl KvsteerHttp {
@@ -68,6 +73,8 @@ impl KvsteerHttp {
             facts: ResponseFacts::default(),
             resumed_at: None,
             usage: UsageScanner::default(),
+            deferred: None,
+            deferred_first_token: false,
         }
     }
 
@@ -224,10 +231,11 @@ impl KvsteerHttp {
 
     // === response ===
 
+    /// A dispatch here would sit on the response path (the host call runs
+    /// before Envoy forwards the last chunk), so the report waits for `on_log`.
     fn report_end(&mut self) {
-        if let (Some(kind), Some(shared)) = (self.tracker.on_end(), self.shared.clone()) {
-            let usage = self.usage.usage();
-            self.send_report(&shared, kind, usage);
+        if let Some(kind) = self.tracker.on_end() {
+            self.deferred = Some((kind, self.usage.usage()));
         }
     }
 
@@ -354,7 +362,13 @@ impl HttpContext for KvsteerHttp {
             return Action::Continue;
         }
         if let (Some(kind), Some(shared)) = (self.tracker.on_body(body_size), self.shared.clone()) {
-            self.send_report(&shared, kind, None);
+            if end_of_stream {
+                // The whole response in one chunk (non-streaming): its first
+                // token and its end are one moment; both go from `on_log`.
+                self.deferred_first_token = true;
+            } else {
+                self.send_report(&shared, kind, None);
+            }
         }
         if body_size > 0 {
             let wanted = self.usage.wanted(body_size);
@@ -376,7 +390,15 @@ impl HttpContext for KvsteerHttp {
     }
 
     fn on_log(&mut self) {
-        if let (Some(kind), Some(shared)) = (self.tracker.on_close(), self.shared.clone()) {
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        if std::mem::take(&mut self.deferred_first_token) {
+            self.send_report(&shared, ReportKind::FirstToken, None);
+        }
+        if let Some((kind, usage)) = self.deferred.take() {
+            self.send_report(&shared, kind, usage);
+        } else if let Some(kind) = self.tracker.on_close() {
             self.send_report(&shared, kind, None);
         }
     }
