@@ -8,36 +8,24 @@
 //!   `index_unavailable`) within a bound; after Redis restarts, the writer
 //!   purges and replays the worker, and lookups match the published blocks.
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+mod common;
+
+use common::{Admin, BLOCK, MODEL, eventually, shared, stored};
 use kvsteer_indexer::{
     app::{self, Running},
     config::Config,
     index::redis::testing::RedisServer,
 };
-use kvsteer_kv_events::{
-    BlockHash, BlockStored, EventBatch, KvEvent,
-    zmq::{Publisher, PublisherConfig},
-};
+use kvsteer_kv_events::zmq::{Publisher, PublisherConfig};
 use kvsteer_proto::v1 as pb;
 use kvsteer_tokenize::{ChatRequest, PromptTokenizer};
 use serde_json::{Value, json};
-use std::{future::Future, path::PathBuf, time::Duration};
+use std::time::Duration;
 
-const MODEL: &str = "Qwen/Qwen3-8B";
-const BLOCK: usize = 16;
-const WAIT: Duration = Duration::from_secs(20);
 /// A pick must answer within this even with Redis gone (its lookup budget
 /// in these tests is 1 s; a hang would blow it).
 const PICK_BOUND: Duration = Duration::from_secs(5);
 const ENDPOINTS: [&str; 2] = ["127.0.0.1:18101", "127.0.0.1:18102"];
-
-fn shared() -> PathBuf {
-    std::env::var_os("KVSTEER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")))
-}
 
 async fn redis() -> RedisServer {
     RedisServer::start()
@@ -45,54 +33,9 @@ async fn redis() -> RedisServer {
         .unwrap_or_else(|e| panic!("these tests need a local redis-server: {e}"))
 }
 
-/// Polls `check` every 50 ms until it yields a value, failing after `WAIT`.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let poll = async {
-        loop {
-            if let Some(v) = check().await {
-                return v;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(WAIT, poll)
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-}
-
-struct Admin {
-    base: String,
-    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
-}
-
 impl Admin {
     fn of(running: &Running) -> Self {
-        Self {
-            base: format!("http://{}", running.admin_addr),
-            client: Client::builder(TokioExecutor::new()).build_http(),
-        }
-    }
-
-    async fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
-        let req = http::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(
-                body.map(Value::to_string).unwrap_or_default(),
-            )))
-            .unwrap();
-        let resp = tokio::time::timeout(WAIT, self.client.request(req))
-            .await
-            .expect("admin answers")
-            .expect("admin request");
-        let status = resp.status().as_u16();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        (status, String::from_utf8_lossy(&bytes).into_owned())
+        Self::new(format!("http://{}", running.admin_addr))
     }
 
     async fn json(&self, method: &str, path: &str, body: Option<&Value>) -> Value {
@@ -103,17 +46,6 @@ impl Admin {
 
     async fn score(&self, body: &Value) -> Value {
         self.json("POST", "/debug/score", Some(body)).await
-    }
-
-    async fn worker(&self, name: &str) -> Value {
-        let v = self.json("GET", "/debug/workers", None).await;
-        v["workers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|w| w["name"] == name)
-            .cloned()
-            .unwrap()
     }
 
     async fn metrics(&self) -> String {
@@ -198,25 +130,6 @@ streams:
         url = redis.url(),
     ))
     .expect("config")
-}
-
-/// The engine's `BlockStored` for the full blocks of `ids` (hashes are opaque).
-fn stored(ids: &[u32], first_hash: u64) -> EventBatch {
-    let full = ids.len() / BLOCK * BLOCK;
-    EventBatch {
-        ts: 1.0,
-        events: vec![KvEvent::BlockStored(BlockStored {
-            block_hashes: (0..full / BLOCK)
-                .map(|i| BlockHash::U64(first_hash + i as u64))
-                .collect(),
-            parent_block_hash: None,
-            token_ids: ids[..full].to_vec(),
-            block_size: BLOCK as u32,
-            medium: Some("GPU".into()),
-            ..Default::default()
-        })],
-        data_parallel_rank: None,
-    }
 }
 
 /// A conversation's two turns and turn 1's token ids.

@@ -3,86 +3,17 @@
 //! tokenized conversation), picks over gRPC and `/debug/score`, publisher
 //! restarts and lost batches.
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+mod common;
+
+use common::{Admin, BLOCK, MODEL, eventually, shared, stored};
 use kvsteer_indexer::{app, config::Config};
 use kvsteer_kv_events::{
-    BlockHash, BlockStored, EventBatch, KvEvent,
+    EventBatch,
     zmq::{Publisher, PublisherConfig},
 };
 use kvsteer_proto::v1 as pb;
 use kvsteer_tokenize::{ChatRequest, PromptTokenizer};
 use serde_json::{Value, json};
-use std::{future::Future, path::PathBuf, time::Duration};
-
-const MODEL: &str = "Qwen/Qwen3-8B";
-const BLOCK: usize = 16;
-const WAIT: Duration = Duration::from_secs(20);
-
-fn shared() -> PathBuf {
-    std::env::var_os("KVSTEER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")))
-}
-
-/// Polls `check` every 50 ms until it yields a value, failing after `WAIT`.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let poll = async {
-        loop {
-            if let Some(v) = check().await {
-                return v;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(WAIT, poll)
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-}
-
-struct Admin {
-    base: String,
-    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
-}
-
-impl Admin {
-    async fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let req = http::Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(
-                body.map(Value::to_string).unwrap_or_default(),
-            )))
-            .unwrap();
-        let resp = tokio::time::timeout(WAIT, self.client.request(req))
-            .await
-            .expect("admin answers")
-            .expect("admin request");
-        let status = resp.status().as_u16();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        (
-            status,
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        )
-    }
-
-    async fn worker(&self, name: &str) -> Value {
-        let (_, v) = self.call("GET", "/debug/workers", None).await;
-        v["workers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|w| w["name"] == name)
-            .cloned()
-            .unwrap()
-    }
-}
 
 async fn publisher(pub_ep: &str, replay_ep: &str, topic: &str) -> Publisher {
     Publisher::bind(PublisherConfig {
@@ -93,25 +24,6 @@ async fn publisher(pub_ep: &str, replay_ep: &str, topic: &str) -> Publisher {
     })
     .await
     .expect("bind publisher")
-}
-
-/// The engine's `BlockStored` for the full blocks of `ids` (hashes are opaque).
-fn stored(ids: &[u32], first_hash: u64) -> EventBatch {
-    let full = ids.len() / BLOCK * BLOCK;
-    EventBatch {
-        ts: 1.0,
-        events: vec![KvEvent::BlockStored(BlockStored {
-            block_hashes: (0..full / BLOCK)
-                .map(|i| BlockHash::U64(first_hash + i as u64))
-                .collect(),
-            parent_block_hash: None,
-            token_ids: ids[..full].to_vec(),
-            block_size: BLOCK as u32,
-            medium: Some("GPU".into()),
-            ..Default::default()
-        })],
-        data_parallel_rank: None,
-    }
 }
 
 fn turns() -> (Value, Value) {
@@ -184,10 +96,7 @@ streams:
     ))
     .expect("config");
     let running = app::start(cfg).await.expect("start");
-    let admin = Admin {
-        base: format!("http://{}", running.admin_addr),
-        client: Client::builder(TokioExecutor::new()).build_http(),
-    };
+    let admin = Admin::new(format!("http://{}", running.admin_addr));
     eventually("readyz", || async {
         (admin.call("GET", "/readyz", None).await.0 == 200).then_some(())
     })
@@ -202,7 +111,7 @@ streams:
     .await;
 
     // Turn 2 scores best on w2, with turn 1's blocks matched.
-    let (status, score) = admin.call("POST", "/debug/score", Some(&turn2)).await;
+    let (status, score) = admin.call_json("POST", "/debug/score", Some(&turn2)).await;
     assert_eq!(status, 200, "{score}");
     assert_eq!(score["chosen"], "w2", "{score}");
     assert_eq!(score["degraded"], false);
@@ -335,7 +244,7 @@ streams:
         (w["indexed_blocks"] == json!(1)).then_some(())
     })
     .await;
-    let (_, score) = admin.call("POST", "/debug/score", Some(&turn2)).await;
+    let (_, score) = admin.call_json("POST", "/debug/score", Some(&turn2)).await;
     assert_eq!(by_name(&score, "w2")["matched_tokens"], json!(0), "{score}");
     assert_eq!(score["chosen"], "w1", "{score}");
 
@@ -386,7 +295,9 @@ async fn chat(admin: &Admin, engine: std::net::SocketAddr, body: &Value) -> Valu
         base: format!("http://{engine}"),
         client: admin.client.clone(),
     };
-    let (status, v) = sim.call("POST", "/v1/chat/completions", Some(body)).await;
+    let (status, v) = sim
+        .call_json("POST", "/v1/chat/completions", Some(body))
+        .await;
     assert_eq!(status, 200, "{v}");
     v
 }
@@ -440,10 +351,7 @@ async fn sim_engines_conversation_and_restart() {
     ))
     .unwrap();
     let running = app::start(cfg).await.expect("start indexer");
-    let admin = Admin {
-        base: format!("http://{}", running.admin_addr),
-        client: Client::builder(TokioExecutor::new()).build_http(),
-    };
+    let admin = Admin::new(format!("http://{}", running.admin_addr));
     eventually("both streams live", || async {
         let (a, b) = (admin.worker("w1").await, admin.worker("w2").await);
         (a["stream"]["state"] == "live" && b["stream"]["state"] == "live").then_some(())
@@ -467,7 +375,7 @@ async fn sim_engines_conversation_and_restart() {
     let msgs = turn2["messages"].as_array_mut().unwrap();
     msgs.push(json!({"role": "assistant", "content": answer}));
     msgs.push(json!({"role": "user", "content": "Thanks. Now add unit tests."}));
-    let (status, score) = admin.call("POST", "/debug/score", Some(&turn2)).await;
+    let (status, score) = admin.call_json("POST", "/debug/score", Some(&turn2)).await;
     assert_eq!(status, 200, "{score}");
     assert_eq!(score["chosen"], "w2", "{score}");
     let workers = score["workers"].as_array().unwrap();
@@ -511,7 +419,7 @@ async fn sim_engines_conversation_and_restart() {
         (w["stream"]["resets"].as_u64() >= Some(1)).then_some(())
     })
     .await;
-    let (_, score) = admin.call("POST", "/debug/score", Some(&turn2)).await;
+    let (_, score) = admin.call_json("POST", "/debug/score", Some(&turn2)).await;
     let w2 = score["workers"]
         .as_array()
         .unwrap()
