@@ -7,9 +7,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$KVSTEER_ROOT"
 
-ensure_rust
-ensure_envoy
-ensure_tokenizer
+ensure_local_layout_tools
 build_all release
 RUST_LOG=warn start_local_layout test 1 roundrobin
 "$KVSTEER_BIN/kvsteer-sim" overhead --kvsteer http://127.0.0.1:8080 --baseline http://127.0.0.1:8081 \

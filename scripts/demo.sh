@@ -7,9 +7,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$KVSTEER_ROOT"
 
-ensure_rust
-ensure_envoy
-ensure_tokenizer
+ensure_local_layout_tools
 build_all
 # The simulated workers behave like L40S GPUs running a 27B FP8 model.
 start_local_layout l40s-27b-fp8 1

@@ -62,6 +62,13 @@ ensure_tokenizer() {
   rm -rf "$tmp"
 }
 
+# What the local layout needs on a fresh machine: toolchain, Envoy, tokenizer.
+ensure_local_layout_tools() {
+  ensure_rust
+  ensure_envoy
+  ensure_tokenizer
+}
+
 # build_all [release]: the filter (always release) and the native binaries
 # (debug unless "release"); sets KVSTEER_BIN to where the binaries are.
 build_all() {
