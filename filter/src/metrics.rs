@@ -45,6 +45,41 @@ pub enum Counter {
     ReportFailed,
 }
 
+/// Every histogram the filter records, in microseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Histogram {
+    /// From the buffered body to the `Pick` message: body copy, JSON parse,
+    /// field extraction and proto encoding inside the VM.
+    PrepareUs,
+    /// From the `Pick` dispatch to its answer: Envoy's gRPC client, the
+    /// network and the indexer's pick.
+    PickUs,
+}
+
+impl Histogram {
+    pub const ALL: [Self; 2] = [Self::PrepareUs, Self::PickUs];
+
+    pub fn index(self) -> usize {
+        match self {
+            Self::PrepareUs => 0,
+            Self::PickUs => 1,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::PrepareUs => "kvsteer_filter_prepare_us",
+            Self::PickUs => "kvsteer_filter_pick_us",
+        }
+    }
+}
+
+/// Whole microseconds from `from` to `to` (0 when the clock went back).
+pub fn micros(from: std::time::SystemTime, to: std::time::SystemTime) -> u64 {
+    to.duration_since(from)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 // === impl FailOpenReason ===
 
 impl FailOpenReason {
@@ -143,9 +178,20 @@ mod tests {
     }
 
     #[test]
+    fn histograms_are_dense_and_distinct_from_counters() {
+        for (i, h) in Histogram::ALL.iter().enumerate() {
+            assert_eq!(h.index(), i);
+            assert!(Counter::all().all(|c| c.name() != h.name()));
+        }
+        let t = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(5);
+        assert_eq!(micros(t - std::time::Duration::from_micros(1500), t), 1500);
+        assert_eq!(micros(t, t - std::time::Duration::from_micros(1)), 0);
+    }
+
+    #[test]
     fn names_are_plain_stat_segments() {
-        for counter in Counter::all() {
-            let name = counter.name();
+        let histograms = Histogram::ALL.iter().map(|h| h.name().to_owned());
+        for name in Counter::all().map(Counter::name).chain(histograms) {
             assert!(
                 name.bytes()
                     .all(|b| b.is_ascii_lowercase() || b == b'_' || b == b'.'),

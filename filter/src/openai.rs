@@ -40,7 +40,7 @@ const TEXT_PARTS: [(&str, &str); 5] = [
 /// empty for the caller.
 pub fn parse_pick_request(api: Api, body: &[u8]) -> Result<PickRequest, BodyError> {
     let value: Value = serde_json::from_slice(body).map_err(|e| BodyError::Json(e.to_string()))?;
-    let Value::Object(obj) = value else {
+    let Value::Object(mut obj) = value else {
         return Err(BodyError::NotAnObject);
     };
     let mut pick = PickRequest {
@@ -55,13 +55,15 @@ pub fn parse_pick_request(api: Api, body: &[u8]) -> Result<PickRequest, BodyErro
     };
     match api {
         Api::Chat => {
-            let messages = match obj.get("messages") {
+            // Taken out of the parsed body: message texts move into the
+            // proto instead of being copied (they are most of the body).
+            let messages = match obj.remove("messages") {
                 Some(Value::Array(items)) => items,
                 Some(_) => return Err(wrong("messages", "an array")),
                 None => return Err(BodyError::Missing("messages")),
             };
             pick.messages = messages
-                .iter()
+                .into_iter()
                 .enumerate()
                 .map(|(i, m)| chat_message(i, m))
                 .collect::<Result<_, _>>()?;
@@ -74,7 +76,7 @@ pub fn parse_pick_request(api: Api, body: &[u8]) -> Result<PickRequest, BodyErro
                 .to_owned();
         }
         Api::Completions => {
-            let prompt = obj.get("prompt").ok_or(BodyError::Missing("prompt"))?;
+            let prompt = obj.remove("prompt").ok_or(BodyError::Missing("prompt"))?;
             pick.prompt = Some(completion_prompt(prompt)?);
         }
     }
@@ -83,24 +85,31 @@ pub fn parse_pick_request(api: Api, body: &[u8]) -> Result<PickRequest, BodyErro
 
 // === messages ===
 
-fn chat_message(index: usize, value: &Value) -> Result<ChatMessage, BodyError> {
+fn chat_message(index: usize, value: Value) -> Result<ChatMessage, BodyError> {
     let field = |name: &str| format!("messages[{index}].{name}");
-    let Value::Object(obj) = value else {
+    let Value::Object(mut obj) = value else {
         return Err(wrong(format!("messages[{index}]"), "an object"));
     };
-    let str_field = |name: &str| -> Result<Option<String>, BodyError> {
-        match obj.get(name) {
+    let mut str_field = |name: &str| -> Result<Option<String>, BodyError> {
+        match obj.remove(name) {
             None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(Value::String(s)) => Ok(Some(s)),
             Some(_) => Err(wrong(field(name), "a string")),
         }
     };
-    let content = match obj.get("content") {
+    let role = str_field("role")?.ok_or_else(|| wrong(field("role"), "a string"))?;
+    let tool_call_id = str_field("tool_call_id")?.unwrap_or_default();
+    let name = str_field("name")?.unwrap_or_default();
+    let reasoning = match str_field("reasoning")? {
+        Some(r) => Some(r),
+        None => str_field("reasoning_content")?,
+    };
+    let content = match obj.remove("content") {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(chat_message::Content::Text(s.clone())),
+        Some(Value::String(s)) => Some(chat_message::Content::Text(s)),
         Some(Value::Array(parts)) => Some(chat_message::Content::Parts(ContentParts {
             parts: parts
-                .iter()
+                .into_iter()
                 .map(|p| content_part(p).ok_or_else(|| wrong(field("content"), "parts objects")))
                 .collect::<Result<_, _>>()?,
         })),
@@ -114,39 +123,35 @@ fn chat_message(index: usize, value: &Value) -> Result<ChatMessage, BodyError> {
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(wrong(field("tool_calls"), "an array")),
     };
-    let reasoning = match str_field("reasoning")? {
-        Some(r) => Some(r),
-        None => str_field("reasoning_content")?,
-    };
     Ok(ChatMessage {
-        role: str_field("role")?.ok_or_else(|| wrong(field("role"), "a string"))?,
+        role,
         content,
         tool_calls,
-        tool_call_id: str_field("tool_call_id")?.unwrap_or_default(),
-        name: str_field("name")?.unwrap_or_default(),
+        tool_call_id,
+        name,
         reasoning,
     })
 }
 
 /// A content part: an object with a `type`, or a bare string (a text part).
-fn content_part(value: &Value) -> Option<ContentPart> {
+fn content_part(value: Value) -> Option<ContentPart> {
     match value {
         Value::String(s) => Some(ContentPart {
             r#type: "text".to_owned(),
-            text: Some(s.clone()),
+            text: Some(s),
         }),
-        Value::Object(part) => {
-            let kind = part.get("type").and_then(Value::as_str)?;
-            let text = TEXT_PARTS
-                .iter()
-                .find(|(t, _)| *t == kind)
-                .and_then(|(_, key)| part.get(*key).or_else(|| part.get("text")))
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            Some(ContentPart {
-                r#type: kind.to_owned(),
-                text,
-            })
+        Value::Object(mut part) => {
+            let Some(Value::String(kind)) = part.remove("type") else {
+                return None;
+            };
+            let key = TEXT_PARTS.iter().find(|(t, _)| *t == kind).map(|(_, k)| *k);
+            let text = key
+                .and_then(|key| part.remove(key).or_else(|| part.remove("text")))
+                .and_then(|v| match v {
+                    Value::String(s) => Some(s),
+                    _ => None,
+                });
+            Some(ContentPart { r#type: kind, text })
         }
         _ => None,
     }
@@ -175,21 +180,24 @@ fn tool_call(value: &Value) -> Option<ToolCall> {
 
 // === prompt ===
 
-fn completion_prompt(value: &Value) -> Result<CompletionPrompt, BodyError> {
+fn completion_prompt(value: Value) -> Result<CompletionPrompt, BodyError> {
     const EXPECTED: &str = "a string, strings, token ids or lists of token ids";
     let kind = match value {
-        Value::String(s) => completion_prompt::Kind::Text(s.clone()),
+        Value::String(s) => completion_prompt::Kind::Text(s),
         Value::Array(items) => match items.first() {
             None => return Err(wrong("prompt", "a non-empty list")),
             Some(Value::String(_)) => completion_prompt::Kind::Texts(Texts {
                 texts: items
-                    .iter()
-                    .map(|v| v.as_str().map(str::to_owned))
+                    .into_iter()
+                    .map(|v| match v {
+                        Value::String(s) => Some(s),
+                        _ => None,
+                    })
                     .collect::<Option<_>>()
                     .ok_or_else(|| wrong("prompt", EXPECTED))?,
             }),
             Some(Value::Number(_)) => completion_prompt::Kind::TokenIds(
-                token_ids(items).ok_or_else(|| wrong("prompt", EXPECTED))?,
+                token_ids(&items).ok_or_else(|| wrong("prompt", EXPECTED))?,
             ),
             Some(Value::Array(_)) => completion_prompt::Kind::TokenIdBatch(TokenIdBatch {
                 prompts: items

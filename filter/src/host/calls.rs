@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 
-use crate::metrics::Counter;
+use crate::metrics::{Counter, Histogram};
 
 pub(crate) fn header(map: MapType, name: &str) -> Option<String> {
     hostcalls::get_map_value(map, name).unwrap_or_else(|status| {
@@ -83,24 +83,40 @@ pub(crate) fn grpc_call(
 
 // === Metrics ===
 
-/// Metric ids of every [`Counter`], defined once per plugin configuration.
+/// Metric ids of every [`Counter`] and [`Histogram`], defined once per
+/// plugin configuration.
 pub(crate) struct Metrics {
     ids: Vec<Option<u32>>,
+    histograms: Vec<Option<u32>>,
+}
+
+fn define(kind: MetricType, name: &str) -> Option<u32> {
+    hostcalls::define_metric(kind, name)
+        .map_err(|status| {
+            log::warn!("kvsteer-filter: defining metric {name} failed: {status:?}");
+        })
+        .ok()
 }
 
 impl Metrics {
     pub(crate) fn define() -> Self {
-        let ids = Counter::all()
-            .map(|counter| {
-                let name = counter.name();
-                hostcalls::define_metric(MetricType::Counter, &name)
-                    .map_err(|status| {
-                        log::warn!("kvsteer-filter: defining metric {name} failed: {status:?}");
-                    })
-                    .ok()
-            })
-            .collect();
-        Self { ids }
+        Self {
+            ids: Counter::all()
+                .map(|c| define(MetricType::Counter, &c.name()))
+                .collect(),
+            histograms: Histogram::ALL
+                .iter()
+                .map(|h| define(MetricType::Histogram, h.name()))
+                .collect(),
+        }
+    }
+
+    pub(crate) fn record(&self, histogram: Histogram, value: u64) {
+        if let Some(Some(id)) = self.histograms.get(histogram.index())
+            && let Err(status) = hostcalls::record_metric(*id, value)
+        {
+            log::debug!("kvsteer-filter: recording {histogram:?} failed: {status:?}");
+        }
     }
 
     pub(crate) fn inc(&self, counter: Counter) {

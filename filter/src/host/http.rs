@@ -14,7 +14,7 @@ use proxy_wasm::types::{Action, BufferType, GrpcStatusCode, MapType};
 use crate::admission::{self, Api, BodyVerdict, HeadersVerdict, RequestHead};
 use crate::host::calls::{self, header};
 use crate::host::root::Shared;
-use crate::metrics::{Counter, FailOpenReason};
+use crate::metrics::{self, Counter, FailOpenReason, Histogram};
 use crate::openai;
 use crate::pick::{self, PickOutcome};
 use crate::report::{self, ReportTracker, ResponseFacts};
@@ -58,8 +58,9 @@ pub(crate) struct KvsteerHttp {
     /// The terminal report, decided at the response's end and sent from
     /// `on_log`, once the response has reached the client.
     deferred: Option<(ReportKind, Option<Usage>)>,
-    /// A first-token report waiting for `on_log` (see `on_http_response_body`).
-    deferred_first_token: bool,
+    /// A first-token report not sent yet, with the milliseconds from resume
+    /// to the first body chunk (see `on_http_response_body`).
+    deferred_first_token: Option<f64>,
 }
 
 impl KvsteerHttp {
@@ -74,7 +75,7 @@ impl KvsteerHttp {
             resumed_at: None,
             usage: UsageScanner::default(),
             deferred: None,
-            deferred_first_token: false,
+            deferred_first_token: None,
         }
     }
 
@@ -107,6 +108,7 @@ impl KvsteerHttp {
 
     /// The whole body is buffered: build the pick and send it.
     fn ask_indexer(&mut self, shared: &Shared, api: Api, body_len: usize) -> Action {
+        let started = calls::now();
         let Some(body) = calls::buffer(BufferType::HttpRequestBody, 0, body_len) else {
             self.fail_open(FailOpenReason::HostError);
             return Action::Continue;
@@ -124,6 +126,7 @@ impl KvsteerHttp {
         request.tenant = header(REQUEST, &shared.config.tenant_header).unwrap_or_default();
         let timeout = Duration::from_millis(shared.config.timeout_ms);
         let message = request.encode_to_vec();
+        let sent_at = calls::now();
         match calls::grpc_call(
             &shared.config.indexer_cluster,
             paths::PICK,
@@ -131,10 +134,15 @@ impl KvsteerHttp {
             timeout,
         ) {
             Ok(token) => {
+                if let (Some(from), Some(to)) = (started, sent_at) {
+                    shared
+                        .metrics
+                        .record(Histogram::PrepareUs, metrics::micros(from, to));
+                }
                 self.phase = Phase::AwaitingPick {
                     token,
                     body_len,
-                    sent_at: calls::now(),
+                    sent_at,
                 };
                 Action::Pause
             }
@@ -157,6 +165,11 @@ impl KvsteerHttp {
             body_len,
             sent_at,
         } = answer;
+        if let (Some(from), Some(to)) = (sent_at, calls::now()) {
+            shared
+                .metrics
+                .record(Histogram::PickUs, metrics::micros(from, to));
+        }
         if status != GrpcStatusCode::Ok as u32 {
             let elapsed_ms = calls::elapsed_ms(sent_at);
             let reason = pick::call_failure(status, elapsed_ms, shared.config.timeout_ms);
@@ -166,7 +179,7 @@ impl KvsteerHttp {
             self.fail_open(reason);
             if reason == FailOpenReason::Timeout {
                 // The indexer may have counted the pick it answered too late.
-                self.send_report(shared, ReportKind::Cancelled, None);
+                self.send_report(shared, ReportKind::Cancelled, None, 0.0);
             }
             return self.resume();
         }
@@ -239,12 +252,25 @@ impl KvsteerHttp {
         }
     }
 
-    /// Fire and forget: the answer only counts failures.
-    fn send_report(&self, shared: &Shared, kind: ReportKind, usage: Option<Usage>) {
+    /// Sends the first-token report held back by `on_http_response_body`.
+    fn flush_first_token(&mut self, shared: &Shared) {
+        if let Some(elapsed_ms) = self.deferred_first_token.take() {
+            self.send_report(shared, ReportKind::FirstToken, None, elapsed_ms);
+        }
+    }
+
+    /// Fire and forget: the answer only counts failures. `elapsed_ms` is the
+    /// time from resuming the request to the event reported.
+    fn send_report(
+        &self,
+        shared: &Shared,
+        kind: ReportKind,
+        usage: Option<Usage>,
+        elapsed_ms: f64,
+    ) {
         if !shared.config.report || self.request_id.is_empty() {
             return;
         }
-        let elapsed_ms = calls::elapsed_ms(self.resumed_at);
         let request =
             report::report_request(&self.request_id, kind, &self.facts, elapsed_ms, usage);
         let timeout = Duration::from_millis(shared.config.timeout_ms);
@@ -361,13 +387,13 @@ impl HttpContext for KvsteerHttp {
         if !self.tracker.wants_response() {
             return Action::Continue;
         }
-        if let (Some(kind), Some(shared)) = (self.tracker.on_body(body_size), self.shared.clone()) {
-            if end_of_stream {
-                // The whole response in one chunk (non-streaming): its first
-                // token and its end are one moment; both go from `on_log`.
-                self.deferred_first_token = true;
-            } else {
-                self.send_report(&shared, kind, None);
+        if let Some(shared) = self.shared.clone() {
+            // The first token's report is held back to the next callback
+            // (next chunk, trailers or `on_log`): dispatching a call here
+            // would delay this very chunk on its way to the client.
+            self.flush_first_token(&shared);
+            if self.tracker.on_body(body_size).is_some() {
+                self.deferred_first_token = Some(calls::elapsed_ms(self.resumed_at));
             }
         }
         if body_size > 0 {
@@ -385,6 +411,9 @@ impl HttpContext for KvsteerHttp {
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        if let Some(shared) = self.shared.clone() {
+            self.flush_first_token(&shared);
+        }
         self.report_end();
         Action::Continue
     }
@@ -393,13 +422,12 @@ impl HttpContext for KvsteerHttp {
         let Some(shared) = self.shared.clone() else {
             return;
         };
-        if std::mem::take(&mut self.deferred_first_token) {
-            self.send_report(&shared, ReportKind::FirstToken, None);
-        }
+        self.flush_first_token(&shared);
+        let elapsed_ms = calls::elapsed_ms(self.resumed_at);
         if let Some((kind, usage)) = self.deferred.take() {
-            self.send_report(&shared, kind, usage);
+            self.send_report(&shared, kind, usage, elapsed_ms);
         } else if let Some(kind) = self.tracker.on_close() {
-            self.send_report(&shared, kind, None);
+            self.send_report(&shared, kind, None, elapsed_ms);
         }
     }
 }
