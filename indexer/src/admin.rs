@@ -2,7 +2,7 @@
 //! `/debug/score` (a dry-run pick of an OpenAI body).
 
 use crate::{
-    index::Index,
+    index::{Index, redis::lease::LeaseBoard},
     picker::{Mode, PickInput, Picker},
     prompt::Prompt,
     workers::Workers,
@@ -27,9 +27,23 @@ pub struct AdminState {
     pub index: Index,
     pub registry: Arc<Registry>,
     pub tenant_header: String,
-    /// Ready only once an event stream is live (false for a Redis reader
-    /// replica, which applies no events: it is ready at once).
-    pub needs_streams: bool,
+    pub readiness: Readiness,
+    /// Write leases (Redis `writer: auto`), shown by `/debug/workers`.
+    pub leases: Option<Arc<LeaseBoard>>,
+}
+
+/// When `/readyz` answers 200.
+#[derive(Clone)]
+pub enum Readiness {
+    /// At once: a Redis reader replica applies no events, it serves what
+    /// Redis holds.
+    Always,
+    /// Once an event stream is live (the memory index starts cold).
+    Streams,
+    /// Once the first lease round ran (Redis reachable or not) and, if this
+    /// replica holds leases, one of their streams is live: a replica that
+    /// holds none serves what the holders write.
+    Leases(Arc<LeaseBoard>),
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -59,13 +73,31 @@ async fn metrics(State(s): State<AdminState>) -> Response {
 }
 
 async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
-    if !s.needs_streams || s.workers.any_live() {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no live event stream yet\n",
-        )
+    let ready = match &s.readiness {
+        Readiness::Always => Ok(()),
+        Readiness::Streams if s.workers.any_live() => Ok(()),
+        Readiness::Streams => Err("no live event stream yet\n"),
+        Readiness::Leases(board) if board.rounds() == 0 => Err("no lease round yet\n"),
+        Readiness::Leases(board) => {
+            let held: Vec<_> = board
+                .managed()
+                .filter(|w| board.view(*w).is_some_and(|v| v.held))
+                .collect();
+            let live = held.iter().any(|w| {
+                s.workers
+                    .get(*w as usize)
+                    .is_some_and(|w| w.stream.state().is_live())
+            });
+            if held.is_empty() || live {
+                Ok(())
+            } else {
+                Err("no live event stream for the leases held yet\n")
+            }
+        }
+    };
+    match ready {
+        Ok(()) => (StatusCode::OK, "ready\n"),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }
 }
 
@@ -89,6 +121,10 @@ async fn workers(State(s): State<AdminState>) -> Json<Value> {
                     "gaps": w.stream.gaps.load(std::sync::atomic::Ordering::Relaxed),
                     "replayed": w.stream.replayed.load(std::sync::atomic::Ordering::Relaxed),
                     "resets": w.stream.resets.load(std::sync::atomic::Ordering::Relaxed),
+                    "lease": s.leases.as_ref().and_then(|b| {
+                        let v = b.view(w.id)?;
+                        Some(json!({"held": v.held, "holder": v.holder, "replica": b.id()}))
+                    }),
                 },
                 "indexed_blocks": s.index.worker_blocks(w.id),
                 "in_flight": l.in_flight,

@@ -3,12 +3,16 @@
 //! shutdown.
 
 use crate::{
-    admin::{self, AdminState},
+    admin::{self, AdminState, Readiness},
     config::{Config, IndexBackend},
     grpc::RouterService,
     index::{
         Index,
-        redis::{RedisBackend, RedisMetrics, RedisSetupError},
+        redis::{
+            RedisBackend, RedisMetrics, RedisSetupError, WriterMode,
+            cache::{CachedLookups, HotCache},
+            lease::{self, LeaseBoard},
+        },
     },
     load::LoadTracker,
     metrics::Metrics,
@@ -55,6 +59,8 @@ pub struct Running {
     pub admin_addr: SocketAddr,
     pub picker: Arc<Picker>,
     pub index: Index,
+    /// This replica's write leases (Redis, `writer: auto`).
+    pub leases: Option<Arc<LeaseBoard>>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -76,7 +82,8 @@ pub fn load_tokenizers(cfg: &Config) -> Result<HashMap<String, Arc<PromptTokeniz
 }
 
 /// The index the configuration asks for: the memory one, or the Redis one
-/// (its metrics registered in `registry`; it does not wait for Redis).
+/// (its metrics registered in `registry`; it does not wait for Redis),
+/// behind the hot cache unless `cache_entries` is 0.
 pub async fn build_index(
     cfg: &Config,
     registry: &mut Registry,
@@ -84,9 +91,20 @@ pub async fn build_index(
     match cfg.index.backend {
         IndexBackend::Memory => Ok((Index::memory(cfg.index.capacity), None)),
         IndexBackend::Redis => {
+            let rcfg = cfg.index.redis_config();
             let metrics = RedisMetrics::register(registry);
-            let backend = Arc::new(RedisBackend::new(cfg.index.redis_config(), metrics).await?);
-            Ok((Index::with_backend(backend.clone()), Some(backend)))
+            let backend = Arc::new(RedisBackend::new(rcfg.clone(), metrics.clone()).await?);
+            let index = if rcfg.cache_entries == 0 {
+                Index::with_backend(backend.clone())
+            } else {
+                let cache = HotCache::new(rcfg.cache_entries, rcfg.cache_ttl());
+                Index::with_backend(Arc::new(CachedLookups::new(
+                    backend.clone(),
+                    cache,
+                    metrics,
+                )))
+            };
+            Ok((index, Some(backend)))
         }
     }
 }
@@ -137,8 +155,27 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
     let mut registry = Registry::default();
     let (index, redis) = build_index(&cfg, &mut registry).await?;
     let (picker, workers, index, metrics) = build_picker_on(&cfg, tokenizers, &mut registry, index);
-    // A Redis reader replica never applies events: the writer does.
-    let applies_events = redis.as_ref().is_none_or(|r| r.config().writer);
+    // Redis: `always` writes every worker, `never` none, `auto` those whose
+    // write lease this replica holds (fenced in Redis by its replica id).
+    let writer = redis
+        .as_ref()
+        .map_or(WriterMode::Always, |r| r.config().writer);
+    let leases = match &redis {
+        Some(r) if writer == WriterMode::Auto => {
+            let id = lease::replica_id();
+            r.enable_fencing(&id);
+            let managed = workers
+                .iter()
+                .filter(|w| w.cfg.kv_events.is_some())
+                .map(|w| (w.id, w.cfg.name.clone()));
+            Some(Arc::new(LeaseBoard::new(
+                id,
+                r.config().lease_ttl(),
+                managed,
+            )))
+        }
+        _ => None,
+    };
     let (shutdown, shutdown_rx) = watch::channel(false);
 
     let grpc = listen("grpc", &cfg.grpc_listen).await?;
@@ -148,7 +185,7 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
 
     let mut tasks = Vec::new();
     if let Some(redis) = &redis {
-        if applies_events {
+        if writer == WriterMode::Always {
             purge_at_startup(redis, &index, &workers).await;
         }
         tasks.push(tokio::spawn(redis_upkeep(
@@ -157,17 +194,29 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
             workers.clone(),
             shutdown_rx.clone(),
         )));
+        if let Some(board) = &leases {
+            tasks.push(tokio::spawn(lease::run(
+                redis.clone(),
+                board.clone(),
+                shutdown_rx.clone(),
+            )));
+        }
     }
-    if applies_events {
+    let gates = match &leases {
+        Some(board) => streams::Gates::Leases(board.clone()),
+        None => streams::Gates::Open,
+    };
+    if writer == WriterMode::Never {
+        streams::mark_disabled(&workers, &metrics);
+    } else {
         tasks.extend(streams::spawn_all(
             &workers,
             &index,
             &cfg.streams,
             &metrics,
             &shutdown_rx,
+            &gates,
         ));
-    } else {
-        streams::mark_disabled(&workers, &metrics);
     }
     tasks.push(tokio::spawn(housekeeping(
         picker.clone(),
@@ -181,7 +230,10 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         let result = tonic::transport::Server::builder()
             .add_service(service)
             .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(grpc),
+                // Picks and reports are small frames on one long-lived HTTP/2
+                // connection: without TCP_NODELAY a reply can sit behind
+                // Nagle until the filter's delayed ACK (~40 ms).
+                tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true)),
                 stopped(&mut rx),
             )
             .await;
@@ -196,7 +248,12 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         index: index.clone(),
         registry: Arc::new(registry),
         tenant_header: cfg.tenants.header.clone(),
-        needs_streams: applies_events,
+        readiness: match (&leases, writer) {
+            (Some(board), _) => Readiness::Leases(board.clone()),
+            (None, WriterMode::Never) => Readiness::Always,
+            (None, _) => Readiness::Streams,
+        },
+        leases: leases.clone(),
     };
     let mut rx = shutdown_rx.clone();
     tasks.push(tokio::spawn(async move {
@@ -212,7 +269,8 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         %admin_addr,
         workers = workers.len(),
         index = ?cfg.index.backend,
-        applies_events,
+        writer = writer.as_str(),
+        replica = leases.as_ref().map(|b| b.id()),
         "kvsteer-indexer started"
     );
     Ok(Running {
@@ -220,6 +278,7 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         admin_addr,
         picker,
         index,
+        leases,
         shutdown,
         tasks,
     })
@@ -248,6 +307,17 @@ impl Running {
             {
                 abort.abort();
             }
+        }
+    }
+
+    /// Stops every task at once, as a crash would: nothing is released
+    /// (write leases lapse after their TTL). Listeners close.
+    pub async fn abort(self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        for task in self.tasks {
+            let _ = task.await;
         }
     }
 }
@@ -288,7 +358,9 @@ async fn purge_at_startup(redis: &RedisBackend, index: &Index, workers: &Workers
 }
 
 /// Every [`REDIS_UPKEEP_EVERY`]: ping Redis; when it answers, refresh the
-/// index stats and resync the workers whose writes failed.
+/// index stats and resync the workers whose writes failed (a lease holder's
+/// short outage; a longer one costs the lease, and the next holder purges
+/// and replays anyway).
 async fn redis_upkeep(
     redis: Arc<RedisBackend>,
     index: Index,

@@ -25,6 +25,7 @@ pub const DEFAULT_MAX_ENDPOINTS: u32 = 3;
 pub const DEFAULT_MAX_NUM_SEQS: u32 = 256;
 pub const DEFAULT_KV_FULL_THRESHOLD: f64 = 0.95;
 pub const DEFAULT_TIE_RATIO: f64 = 0.05;
+pub const DEFAULT_CONGESTION_WEIGHT: f64 = 2.0;
 pub const DEFAULT_INDEX_CAPACITY: usize = 4_000_000;
 pub const DEFAULT_TENANT_HEADER: &str = "x-tenant-id";
 pub const DEFAULT_SCRAPE_INTERVAL_MS: u64 = 1_000;
@@ -119,11 +120,16 @@ pub struct ScoringConfig {
     /// The workers' `--max-num-seqs`: with this many running, a waiting
     /// request waits for a slot to free.
     pub max_num_seqs: u32,
-    /// KV cache usage (0..=1) from which waiting requests wait for blocks to free.
+    /// KV cache usage (0..=1) from which waiting requests wait for blocks to
+    /// free, for engines that do not export their cache size.
     pub kv_full_threshold: f64,
     /// Predictions within this fraction of the best one count as a tie,
     /// broken by load and then in rotation, so equal workers share traffic.
     pub tie_ratio: f64,
+    /// Weight of the delay a placement's prefill adds to the requests
+    /// queueing behind it (× the workers' mean first-token backlog); 0 ranks
+    /// by this request's predicted TTFT alone.
+    pub congestion_weight: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -241,6 +247,7 @@ impl Default for ScoringConfig {
             max_num_seqs: DEFAULT_MAX_NUM_SEQS,
             kv_full_threshold: DEFAULT_KV_FULL_THRESHOLD,
             tie_ratio: DEFAULT_TIE_RATIO,
+            congestion_weight: DEFAULT_CONGESTION_WEIGHT,
         }
     }
 }
@@ -441,6 +448,9 @@ impl ScoringConfig {
         }
         unit("scoring.kv_full_threshold", self.kv_full_threshold)?;
         unit("scoring.tie_ratio", self.tie_ratio)?;
+        if !(self.congestion_weight.is_finite() && self.congestion_weight >= 0.0) {
+            return Err(invalid("scoring.congestion_weight", "must be >= 0"));
+        }
         Ok(())
     }
 }
@@ -641,7 +651,10 @@ workers:
         assert_eq!(cfg.index.redis.url, "redis://10.0.0.7:6380");
         assert_eq!(cfg.index.redis.key_prefix, "prod");
         assert_eq!(cfg.index.redis.lookup_timeout_ms, 8);
-        assert!(!cfg.index.redis.writer);
+        assert_eq!(
+            cfg.index.redis.writer,
+            crate::index::redis::WriterMode::Never
+        );
         assert_eq!(
             cfg.index.redis.write_timeout_ms,
             RedisConfig::default().write_timeout_ms
@@ -658,7 +671,10 @@ workers:
         .unwrap();
         assert_eq!(cfg.index.redis.url, "redis://10.0.0.8:6379");
         assert_eq!(cfg.index.redis_url, None);
-        assert!(cfg.index.redis.writer);
+        assert_eq!(
+            cfg.index.redis.writer,
+            crate::index::redis::WriterMode::Auto
+        );
         assert!(!cfg.to_yaml().contains("redis_url"));
         let e = err(&format!(
             "{MINIMAL}index:\n  backend: redis\n  redis_url: redis://a:1\n  redis:\n    url: redis://b:2\n"
@@ -684,6 +700,14 @@ workers:
             "{MINIMAL}index:\n  backend: redis\n  redis:\n    colour: red\n"
         ));
         assert!(e.contains("colour"), "{e}");
+        let e = err(&format!(
+            "{MINIMAL}index:\n  backend: redis\n  redis:\n    lease_ttl_ms: 1\n"
+        ));
+        assert!(e.starts_with("index.redis.lease_ttl_ms"), "{e}");
+        let e = err(&format!(
+            "{MINIMAL}index:\n  backend: redis\n  redis:\n    writer: sometimes\n"
+        ));
+        assert!(e.contains("writer"), "{e}");
         // The memory backend ignores the redis section.
         Config::from_yaml(&format!(
             "{MINIMAL}index:\n  redis:\n    lookup_timeout_ms: 0\n"

@@ -6,10 +6,17 @@
 //! its owner calls [`StreamStatus::request_resync`], and the worker's task
 //! stops the subscriber, purges the worker from the index and starts a new
 //! subscriber, which replays everything the publisher still buffers.
+//!
+//! Write leases (Redis, `writer: auto`): a worker's task runs its
+//! subscriber only while this replica holds the worker's lease
+//! ([`Gates::Leases`]). Each acquisition (a new epoch) purges the worker
+//! and subscribes with replay; a loss stops the subscriber and drops the
+//! queued batches at once, and every batch is checked against the lease's
+//! validity before it is applied.
 
 use crate::{
     config::StreamsConfig,
-    index::Index,
+    index::{Index, WorkerId, redis::lease::LeaseBoard},
     metrics::{Metrics, StreamLabels},
     workers::{Worker, Workers},
 };
@@ -19,7 +26,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 use tokio::{
     sync::{Notify, mpsc, watch},
@@ -37,6 +44,23 @@ pub enum StreamState {
     Live,
     Replaying,
     Down,
+    /// Another replica holds (or nobody can take) the worker's write lease.
+    Standby,
+}
+
+/// Which workers this replica may apply events for.
+#[derive(Clone)]
+pub enum Gates {
+    /// All of them, always (memory backend, Redis `writer: always`).
+    Open,
+    /// Those whose write lease it holds.
+    Leases(Arc<LeaseBoard>),
+}
+
+/// One worker's write permission, checked before each batch.
+struct Gate {
+    board: Option<Arc<LeaseBoard>>,
+    worker: WorkerId,
 }
 
 /// Shared per-worker stream status (lock-free; read by `/debug/workers`).
@@ -60,12 +84,13 @@ pub struct StreamStatus {
 // === impl StreamState ===
 
 impl StreamState {
-    pub const ALL: [StreamState; 5] = [
+    pub const ALL: [StreamState; 6] = [
         Self::Disabled,
         Self::Connecting,
         Self::Live,
         Self::Replaying,
         Self::Down,
+        Self::Standby,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -75,6 +100,7 @@ impl StreamState {
             Self::Live => "live",
             Self::Replaying => "replaying",
             Self::Down => "down",
+            Self::Standby => "standby",
         }
     }
 
@@ -87,7 +113,7 @@ impl StreamState {
 
 impl StreamStatus {
     pub fn state(&self) -> StreamState {
-        StreamState::ALL[usize::from(self.state.load(Relaxed)).min(4)]
+        StreamState::ALL[usize::from(self.state.load(Relaxed)).min(StreamState::ALL.len() - 1)]
     }
 
     fn set_state(&self, s: StreamState) {
@@ -121,14 +147,26 @@ impl StreamStatus {
     }
 }
 
+// === impl Gate ===
+
+impl Gate {
+    fn open(&self) -> bool {
+        self.board
+            .as_ref()
+            .is_none_or(|b| b.valid(self.worker, Instant::now()))
+    }
+}
+
 /// Starts the subscriber and the apply task of every worker with a
-/// `kv_events` endpoint. Tasks end when `shutdown` turns true.
+/// `kv_events` endpoint (under [`Gates::Leases`], only while the lease is
+/// held). Tasks end when `shutdown` turns true.
 pub fn spawn_all(
     workers: &Arc<Workers>,
     index: &Index,
     cfg: &StreamsConfig,
     metrics: &Arc<Metrics>,
     shutdown: &watch::Receiver<bool>,
+    gates: &Gates,
 ) -> Vec<JoinHandle<()>> {
     let mut tasks = Vec::new();
     for w in workers.iter() {
@@ -149,6 +187,10 @@ pub fn spawn_all(
             backoff_max: Duration::from_millis(cfg.backoff_max_ms),
             idle_reconnect: cfg.idle_reconnect_s.map(Duration::from_secs),
         };
+        let (board, lease) = match gates {
+            Gates::Open => (None, None),
+            Gates::Leases(board) => (Some(board.clone()), board.subscribe(w.id)),
+        };
         let task = run_worker(
             workers.clone(),
             w.id as usize,
@@ -157,6 +199,11 @@ pub fn spawn_all(
             sub,
             cfg.channel_capacity,
             shutdown.clone(),
+            Gate {
+                board,
+                worker: w.id,
+            },
+            lease,
         );
         tasks.push(tokio::spawn(task));
     }
@@ -171,8 +218,21 @@ pub fn mark_disabled(workers: &Workers, metrics: &Metrics) {
     }
 }
 
-/// One worker's subscriber and apply loop, restarted after a resync, until
-/// `shutdown` turns true or the subscriber ends.
+/// Why a worker's subscriber was stopped.
+enum Stop {
+    Shutdown,
+    /// The subscriber ended on its own.
+    Ended,
+    Resync,
+    /// The lease epoch changed (lost, or lost and taken again).
+    Lease,
+}
+
+/// One worker's subscriber and apply loop, restarted after a resync or a
+/// new lease epoch, until `shutdown` turns true or the subscriber ends.
+/// With `lease`, it runs only under a nonzero epoch, and each new epoch
+/// starts with a purge of the worker and a replay.
+#[allow(clippy::too_many_arguments)]
 async fn run_worker(
     workers: Arc<Workers>,
     index_of: usize,
@@ -181,11 +241,42 @@ async fn run_worker(
     sub: SubscriberConfig,
     capacity: usize,
     mut shutdown: watch::Receiver<bool>,
+    gate: Gate,
+    mut lease: Option<watch::Receiver<u64>>,
 ) {
     let Some(w) = workers.get(index_of) else {
         return;
     };
+    let gate = Arc::new(gate);
     loop {
+        let epoch = match &mut lease {
+            None => 0,
+            Some(rx) => {
+                let epoch = *rx.borrow_and_update();
+                if epoch == 0 {
+                    w.stream.set_state(StreamState::Standby);
+                    set_state_metric(&metrics, w, StreamState::Standby);
+                    tokio::select! {
+                        biased;
+                        _ = stopped(&mut shutdown) => return,
+                        changed = rx.changed() => {
+                            if changed.is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                    }
+                }
+                // A new holding: what an earlier holder (or this replica,
+                // before a gap) stored cannot be trusted to match our
+                // ingest map; purge, then replay.
+                w.stream.take_resync();
+                purge_for_replay(w, &index, &metrics, false).await;
+                w.stream.set_state(StreamState::Connecting);
+                set_state_metric(&metrics, w, StreamState::Connecting);
+                epoch
+            }
+        };
         let (stop_tx, stop_rx) = watch::channel(false);
         let (tx, rx) = mpsc::channel(capacity);
         let subscriber = spawn_subscriber(sub.clone(), tx, stop_rx);
@@ -195,28 +286,34 @@ async fn run_worker(
             index.clone(),
             metrics.clone(),
             rx,
+            gate.clone(),
         );
         tokio::pin!(apply);
-        let mut applying = true;
-        let resync = loop {
+        let why = loop {
             tokio::select! {
                 biased;
-                _ = stopped(&mut shutdown) => break false,
-                _ = w.stream.resync.notified() => {
-                    if w.stream.needs_resync() {
-                        break true;
+                _ = stopped(&mut shutdown) => break Stop::Shutdown,
+                changed = lease_changed(&mut lease, epoch) => {
+                    if changed {
+                        break Stop::Lease;
                     }
                 }
-                _ = &mut apply => {
-                    applying = false;
-                    break false;
+                _ = w.stream.resync.notified() => {
+                    if w.stream.needs_resync() {
+                        break Stop::Resync;
+                    }
                 }
+                _ = &mut apply => break Stop::Ended,
             }
         };
         let _ = stop_tx.send(true);
+        // After a resync request the queued batches are still applied (the
+        // purge follows); after a lease change they are dropped with the
+        // apply loop: this replica may no longer write the worker.
+        let drain = matches!(why, Stop::Resync);
         let drained = tokio::time::timeout(STOP_WITHIN, async {
             let _ = subscriber.await;
-            if applying {
+            if drain {
                 apply.await;
             }
         })
@@ -224,27 +321,53 @@ async fn run_worker(
         if drained.is_err() {
             tracing::warn!(worker = %w.cfg.name, "kv event subscriber did not stop in time");
         }
-        if !resync {
-            return;
+        match why {
+            Stop::Shutdown | Stop::Ended => return,
+            Stop::Lease => {
+                tracing::info!(worker = %w.cfg.name, "write lease changed; subscriber stopped");
+                continue;
+            }
+            Stop::Resync => {
+                // Clear the flag first: a write failing from now on marks it again.
+                w.stream.take_resync();
+                purge_for_replay(w, &index, &metrics, true).await;
+                w.stream.set_state(StreamState::Connecting);
+                set_state_metric(&metrics, w, StreamState::Connecting);
+            }
         }
-        // Clear the flag first: a write failing from now on marks it again.
-        w.stream.take_resync();
-        match index.reset_worker(w.id).await {
-            Ok(()) => {
-                tracing::info!(worker = %w.cfg.name, "index resync: worker purged, replaying its events");
-                w.stream.next_seq.store(0, Relaxed);
+    }
+}
+
+/// Resolves `true` once the lease epoch differs from `epoch`, never when
+/// there is no lease (or its sender is gone).
+async fn lease_changed(lease: &mut Option<watch::Receiver<u64>>, epoch: u64) -> bool {
+    match lease {
+        None => std::future::pending().await,
+        Some(rx) => match rx.changed().await {
+            Ok(()) => *rx.borrow_and_update() != epoch,
+            Err(_) => std::future::pending().await,
+        },
+    }
+}
+
+/// Purge `w` from the index before a replay; on failure mark it for a
+/// resync (retried when the backend answers again).
+async fn purge_for_replay(w: &Worker, index: &Index, metrics: &Metrics, resync: bool) {
+    match index.reset_worker(w.id).await {
+        Ok(()) => {
+            tracing::info!(worker = %w.cfg.name, resync, "worker purged from the index, replaying its events");
+            w.stream.next_seq.store(0, Relaxed);
+            if resync {
                 metrics
                     .index_resyncs
                     .get_or_create(&Metrics::worker(&w.cfg.name))
                     .inc();
             }
-            Err(error) => {
-                tracing::warn!(worker = %w.cfg.name, %error, "index resync failed; retrying later");
-                w.stream.mark_resync();
-            }
         }
-        w.stream.set_state(StreamState::Connecting);
-        set_state_metric(&metrics, w, StreamState::Connecting);
+        Err(error) => {
+            tracing::warn!(worker = %w.cfg.name, %error, "purge before replay failed; retrying later");
+            w.stream.mark_resync();
+        }
     }
 }
 
@@ -253,19 +376,20 @@ async fn stopped(rx: &mut watch::Receiver<bool>) {
 }
 
 /// Applies one worker's stream items in order until the subscriber ends.
-pub async fn apply_loop(
+async fn apply_loop(
     workers: Arc<Workers>,
     index_of: usize,
     index: Index,
     metrics: Arc<Metrics>,
     mut rx: mpsc::Receiver<StreamItem>,
+    gate: Arc<Gate>,
 ) {
     let Some(w) = workers.get(index_of) else {
         return;
     };
     let labels = Metrics::worker(&w.cfg.name);
     while let Some(item) = rx.recv().await {
-        handle(w, &index, &metrics, &labels, item).await;
+        handle(w, &index, &metrics, &labels, item, &gate).await;
     }
     w.stream.set_state(StreamState::Down);
     set_state_metric(&metrics, w, StreamState::Down);
@@ -277,8 +401,16 @@ async fn handle(
     metrics: &Metrics,
     labels: &crate::metrics::WorkerLabels,
     item: StreamItem,
+    gate: &Gate,
 ) {
     let s = &w.stream;
+    let writes = matches!(item, StreamItem::Batch { .. } | StreamItem::Reset { .. });
+    if writes && !gate.open() {
+        // The lease lapsed (or is about to): never write without it. The
+        // lease task stops this loop; the next holder replays.
+        tracing::debug!(worker = %w.cfg.name, "write lease not valid; batch dropped");
+        return;
+    }
     match item {
         StreamItem::Batch {
             seq,

@@ -359,3 +359,58 @@ async fn saturation_fails_fast() {
     assert_eq!(b.metrics().error_count(Op::lookup, ErrorKind::saturated), 1);
     sleeper.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn leases_are_exclusive_and_fence_writes() {
+    let server = server().await;
+    let mut cfg = config(&server, LookupMode::Pipeline);
+    cfg.lease_ttl_ms = 60_000;
+    let (a, b) = (backend(cfg.clone()).await, backend(cfg).await);
+    a.enable_fencing("replica-a");
+    b.enable_fencing("replica-b");
+    let keys = chain(1, 4);
+    let adds: Vec<KeyOp> = keys.iter().map(|k| KeyOp::Add(*k, Tier::Gpu)).collect();
+
+    // Without the lease, Redis refuses the write and changes nothing.
+    assert!(a.apply(0, &adds).await.is_err());
+    assert_eq!(a.metrics().error_count(Op::apply, ErrorKind::fenced), 1);
+    assert_eq!(a.lookup(&keys).await.unwrap(), vec![]);
+
+    // One holder per worker: a takes 0 and 1, b gets only what is free.
+    let holders = a.lease_round(&[(0, true), (1, true)], "replica-a").await;
+    assert_eq!(
+        holders.unwrap(),
+        vec![Some("replica-a".into()), Some("replica-a".into())]
+    );
+    let holders = b.lease_round(&[(0, true), (2, true)], "replica-b").await;
+    assert_eq!(
+        holders.unwrap(),
+        vec![Some("replica-a".into()), Some("replica-b".into())]
+    );
+    a.apply(0, &adds).await.unwrap();
+    assert_eq!(a.lookup(&keys).await.unwrap().len(), 1);
+    assert!(b.apply(0, &adds).await.is_err(), "b does not hold worker 0");
+    assert!(b.purge_worker(0).await.is_err(), "purges are fenced too");
+    assert_eq!(b.metrics().error_count(Op::purge, ErrorKind::fenced), 1);
+    // Renew-only does not take a free lease; the lease keys expire.
+    let holders = b.lease_round(&[(3, false)], "replica-b").await;
+    assert_eq!(holders.unwrap(), vec![None]);
+    let mut con = raw(&server).await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(format!("{PREFIX}:lease:0"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(pttl > 0 && pttl <= 60_000, "{pttl}");
+
+    // a releases (compare-and-delete: b's lease stays), b takes over.
+    assert_eq!(a.release_leases(&[0, 1, 2], "replica-a").await.unwrap(), 2);
+    let holders = b.lease_round(&[(0, true), (2, false)], "replica-b").await;
+    assert_eq!(
+        holders.unwrap(),
+        vec![Some("replica-b".into()), Some("replica-b".into())]
+    );
+    assert!(a.apply(0, &adds).await.is_err(), "a no longer writes 0");
+    b.purge_worker(0).await.unwrap();
+    assert_eq!(b.lookup(&keys).await.unwrap(), vec![]);
+}

@@ -112,3 +112,115 @@ pub fn stored(ids: &[u32], first_hash: u64) -> EventBatch {
         data_parallel_rank: None,
     }
 }
+
+// === simulated engines ===
+
+/// A free loopback port (bound then released; rare collisions are retried
+/// by [`Sim::start`]).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `kvsteer-sim` engine in-process: vLLM's HTTP surface, a real prefix
+/// cache, and its KV events published over ZeroMQ (with a replay socket).
+pub struct Sim {
+    pub addr: std::net::SocketAddr,
+    pub kv: String,
+    pub replay: String,
+    pub handle: kvsteer_sim::server::ServerHandle,
+}
+
+impl Sim {
+    async fn try_start(
+        listen: std::net::SocketAddr,
+        kv: &str,
+        replay: &str,
+    ) -> Result<kvsteer_sim::server::ServerHandle, kvsteer_sim::server::ServerError> {
+        use kvsteer_kv_events::zmq::PublisherConfig;
+        use kvsteer_sim::{engine::EngineConfig, profile::TimingProfile, server};
+        let engine = EngineConfig::new(TimingProfile::by_name("test").unwrap());
+        server::ServerHandle::start(server::ServerConfig {
+            listen,
+            served_model_name: MODEL.into(),
+            tokenizer_dir: shared().join("tokenizers/qwen3"),
+            kv_events: Some(PublisherConfig {
+                pub_endpoint: kv.into(),
+                replay_endpoint: Some(replay.into()),
+                topic: format!("kv@{listen}@{MODEL}"),
+                ..Default::default()
+            }),
+            engine,
+            time_scale: 50.0,
+            worker_id: listen.to_string(),
+        })
+        .await
+    }
+
+    /// Start an engine on free ports (the topic names its HTTP address, so
+    /// ports are chosen before binding; a collision picks again).
+    pub async fn start() -> Sim {
+        for attempt in 0.. {
+            let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            let kv = format!("tcp://127.0.0.1:{}", free_port());
+            let replay = format!("tcp://127.0.0.1:{}", free_port());
+            match Self::try_start(addr, &kv, &replay).await {
+                Ok(handle) => {
+                    return Sim {
+                        addr,
+                        kv,
+                        replay,
+                        handle,
+                    };
+                }
+                Err(e) if attempt < 5 => eprintln!("retrying sim start: {e}"),
+                Err(e) => panic!("start sim: {e}"),
+            }
+        }
+        unreachable!()
+    }
+
+    /// The worker's line in an indexer config (`name`, no metrics scrape:
+    /// replicas then see identical load and answer identically).
+    pub fn worker_yaml(&self, name: &str) -> String {
+        format!(
+            "  - {{name: {name}, endpoint: '{a}', model: {MODEL}, kv_events: '{k}', replay: '{r}'}}\n",
+            a = self.addr,
+            k = self.kv,
+            r = self.replay,
+        )
+    }
+
+    /// A non-streamed chat completion on this engine; its JSON reply.
+    pub async fn chat(&self, client: &Admin, body: &Value) -> Value {
+        let sim = Admin {
+            base: format!("http://{}", self.addr),
+            client: client.client.clone(),
+        };
+        let (status, v) = sim
+            .call_json("POST", "/v1/chat/completions", Some(body))
+            .await;
+        assert_eq!(status, 200, "{v}");
+        v
+    }
+
+    /// Tokens of `body`'s prompt this engine had cached before it ran it
+    /// (vLLM's `usage.prompt_tokens_details.cached_tokens`): one probe of
+    /// the engine's real prefix cache. The probe itself caches the prompt.
+    pub async fn cached_tokens(&self, client: &Admin, body: &Value) -> u64 {
+        let mut probe = body.clone();
+        probe["max_tokens"] = serde_json::json!(1);
+        probe["stream"] = serde_json::json!(false);
+        let v = self.chat(client, &probe).await;
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no cached_tokens in {v}"))
+    }
+
+    pub async fn shutdown(self) {
+        self.handle.shutdown().await;
+    }
+}

@@ -24,11 +24,36 @@ pub const DEFAULT_ENTRY_TTL_S: u64 = 3_600;
 pub const DEFAULT_BACKOFF_MAX_MS: u64 = 1_000;
 /// Key operations per apply script call (bounds the time Redis is blocked).
 pub const DEFAULT_OPS_PER_SCRIPT: usize = 1_024;
+/// A worker's write lease lives this long in Redis unless renewed (every
+/// third of it); the holder stops applying after two thirds without renewal.
+pub const DEFAULT_LEASE_TTL_MS: u64 = 5_000;
+/// Lookup results the in-process hot cache keeps (0 disables it).
+pub const DEFAULT_CACHE_ENTRIES: usize = 8_192;
+/// A cached lookup result is served at most this long after Redis answered it.
+pub const DEFAULT_CACHE_TTL_MS: u64 = 250;
 /// Upper bounds checked by `validate`.
+const MIN_LEASE_TTL_MS: u64 = 30;
+const MAX_CACHE_TTL_MS: u64 = 10_000;
 const MAX_CONNECTIONS: usize = 64;
 const MAX_OPS_PER_SCRIPT: usize = 8_192;
 
 // === types ===
+
+/// Who applies a worker's KV events to Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WriterMode {
+    /// Per worker, the replica holding the worker's lease
+    /// (`{prefix}:lease:{worker}`) writes; the others read. Failover within
+    /// the lease TTL.
+    #[default]
+    Auto,
+    /// This replica writes every worker, no lease (a single-writer
+    /// deployment; two `always` replicas would double-count).
+    Always,
+    /// This replica never writes: a pure reader.
+    Never,
+}
 
 /// How a lookup walks the prefix chain; both are one round trip.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -60,16 +85,56 @@ pub struct RedisConfig {
     pub entry_ttl_s: u64,
     pub backoff_max_ms: u64,
     pub ops_per_script: usize,
-    /// This replica applies its workers' KV events to Redis (and purges
-    /// them at startup). Exactly one replica per Redis should be the
-    /// writer; the others only read (`false`).
-    pub writer: bool,
+    /// `auto` (per-worker leases), `always` or `never`; `true`/`false` are
+    /// read as `always`/`never`.
+    pub writer: WriterMode,
+    /// Lease lifetime in Redis (`writer: auto`); renewed every third.
+    pub lease_ttl_ms: u64,
+    /// Lookup results kept by the in-process hot cache; 0 disables it.
+    pub cache_entries: usize,
+    /// Age limit of a cached lookup result: the staleness bound.
+    pub cache_ttl_ms: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum RedisConfigError {
     #[error("{field}: {reason}")]
     Invalid { field: &'static str, reason: String },
+}
+
+// === impl WriterMode ===
+
+impl<'de> Deserialize<'de> for WriterMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Repr {
+            Flag(bool),
+            Name(String),
+        }
+        match Repr::deserialize(d)? {
+            Repr::Flag(true) => Ok(Self::Always),
+            Repr::Flag(false) => Ok(Self::Never),
+            Repr::Name(n) => match n.as_str() {
+                "auto" => Ok(Self::Auto),
+                "always" => Ok(Self::Always),
+                "never" => Ok(Self::Never),
+                other => Err(serde::de::Error::custom(format!(
+                    "writer: {other:?} is not one of auto, always, never"
+                ))),
+            },
+        }
+    }
+}
+
+impl WriterMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Always => "always",
+            Self::Never => "never",
+        }
+    }
 }
 
 // === impl RedisConfig ===
@@ -88,7 +153,10 @@ impl Default for RedisConfig {
             entry_ttl_s: DEFAULT_ENTRY_TTL_S,
             backoff_max_ms: DEFAULT_BACKOFF_MAX_MS,
             ops_per_script: DEFAULT_OPS_PER_SCRIPT,
-            writer: true,
+            writer: WriterMode::default(),
+            lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
+            cache_entries: DEFAULT_CACHE_ENTRIES,
+            cache_ttl_ms: DEFAULT_CACHE_TTL_MS,
         }
     }
 }
@@ -144,7 +212,24 @@ impl RedisConfig {
                 &format!("must be in 1..={MAX_OPS_PER_SCRIPT}"),
             );
         }
+        if self.lease_ttl_ms < MIN_LEASE_TTL_MS || self.lease_ttl_ms > i64::MAX as u64 {
+            return invalid("lease_ttl_ms", &format!("must be >= {MIN_LEASE_TTL_MS}"));
+        }
+        if self.cache_entries > 0 && !(1..=MAX_CACHE_TTL_MS).contains(&self.cache_ttl_ms) {
+            return invalid(
+                "cache_ttl_ms",
+                &format!("must be in 1..={MAX_CACHE_TTL_MS} (cache_entries: 0 disables the cache)"),
+            );
+        }
         Ok(())
+    }
+
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_millis(self.lease_ttl_ms)
+    }
+
+    pub fn cache_ttl(&self) -> Duration {
+        Duration::from_millis(self.cache_ttl_ms)
     }
 
     pub fn lookup_timeout(&self) -> Duration {
@@ -182,6 +267,19 @@ mod tests {
         assert_eq!(c.key_prefix, DEFAULT_KEY_PREFIX);
         assert_eq!(c.lookup_timeout(), Duration::from_millis(5));
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn writer_modes_and_legacy_flags() {
+        let w = |y: &str| serde_norway::from_str::<RedisConfig>(y).map(|c| c.writer);
+        assert_eq!(w("{}").unwrap(), WriterMode::Auto);
+        assert_eq!(w("writer: auto").unwrap(), WriterMode::Auto);
+        assert_eq!(w("writer: always").unwrap(), WriterMode::Always);
+        assert_eq!(w("writer: never").unwrap(), WriterMode::Never);
+        assert_eq!(w("writer: true").unwrap(), WriterMode::Always);
+        assert_eq!(w("writer: false").unwrap(), WriterMode::Never);
+        let e = w("writer: sometimes").unwrap_err().to_string();
+        assert!(e.contains("writer"), "{e}");
     }
 
     #[test]
@@ -251,6 +349,28 @@ mod tests {
                 ..d()
             }),
             "ops_per_script"
+        );
+        assert_eq!(
+            field(RedisConfig {
+                lease_ttl_ms: 5,
+                ..d()
+            }),
+            "lease_ttl_ms"
+        );
+        assert_eq!(
+            field(RedisConfig {
+                cache_ttl_ms: 0,
+                ..d()
+            }),
+            "cache_ttl_ms"
+        );
+        assert_eq!(
+            field(RedisConfig {
+                cache_entries: 0,
+                cache_ttl_ms: 0,
+                ..d()
+            }),
+            "ok"
         );
     }
 }

@@ -5,6 +5,8 @@
 //! - `{prefix}:w:{worker}` — set of the block-hash key names holding a field
 //!   of that worker (purge and per-worker counts).
 //! - `{prefix}:workers` — set of worker ids that wrote (stats refresh).
+//! - `{prefix}:lease:{worker}` — string, the id of the replica allowed to
+//!   write that worker (`writer: auto`), with a PX TTL.
 
 use super::super::{Tier, WorkerId};
 use crate::keys::BlockKey;
@@ -32,6 +34,10 @@ impl Layout {
 
     pub fn worker_set(&self, worker: WorkerId) -> String {
         format!("{}:w:{worker}", self.prefix)
+    }
+
+    pub fn lease(&self, worker: WorkerId) -> String {
+        format!("{}:lease:{worker}", self.prefix)
     }
 
     pub fn registry(&self) -> String {
@@ -73,6 +79,7 @@ mod tests {
         assert_eq!(l.block(BlockKey(u64::MAX)), "kv:b:ffffffffffffffff");
         assert_eq!(l.worker_set(7), "kv:w:7");
         assert_eq!(l.registry(), "kv:workers");
+        assert_eq!(l.lease(3), "kv:lease:3");
         assert_eq!(l.block_pattern(), "kv:b:*");
     }
 

@@ -1,10 +1,12 @@
-//! [`RedisMetrics`]: round-trip latency by operation, errors by kind.
+//! [`RedisMetrics`]: round-trip latency by operation, errors by kind, the
+//! hot cache's hits and misses, write leases (acquired, lost, held).
 
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -16,6 +18,7 @@ pub enum Op {
     purge,
     refresh,
     ping,
+    lease,
 }
 
 /// Why a Redis call failed.
@@ -30,6 +33,46 @@ pub enum ErrorKind {
     protocol,
     /// `max_in_flight` calls were already waiting: failed fast.
     saturated,
+    /// A write refused by Redis: this replica does not hold the lease.
+    fenced,
+}
+
+/// A hot-cache lookup's outcome.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum CacheResult {
+    hit,
+    miss,
+}
+
+/// Why a replica stopped holding a worker's lease.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum LossReason {
+    /// Another replica holds it.
+    taken,
+    /// It lapsed in Redis (or Redis restarted empty).
+    expired,
+    /// No successful renewal for two thirds of the TTL (Redis unreachable).
+    unrenewed,
+    /// Released at shutdown.
+    released,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabels {
+    pub result: CacheResult,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeaseLabels {
+    pub worker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LossLabels {
+    pub worker: String,
+    pub reason: LossReason,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -48,6 +91,10 @@ pub struct ErrorLabels {
 pub struct RedisMetrics {
     round_trip: Family<OpLabels, Histogram>,
     errors: Family<ErrorLabels, Counter>,
+    cache: Family<CacheLabels, Counter>,
+    lease_acquired: Family<LeaseLabels, Counter>,
+    lease_lost: Family<LossLabels, Counter>,
+    lease_held: Family<LeaseLabels, Gauge>,
 }
 
 fn round_trip_histogram() -> Histogram {
@@ -63,13 +110,20 @@ impl Default for RedisMetrics {
         Self {
             round_trip: Family::new_with_constructor(round_trip_histogram),
             errors: Family::default(),
+            cache: Family::default(),
+            lease_acquired: Family::default(),
+            lease_lost: Family::default(),
+            lease_held: Family::default(),
         }
     }
 }
 
 impl RedisMetrics {
-    /// Registers `kvsteer_index_redis_round_trip_seconds{op}` and
-    /// `kvsteer_index_redis_errors_total{op,kind}` in `registry`.
+    /// Registers in `registry`, all prefixed `kvsteer_index_redis_`:
+    /// `round_trip_seconds{op}`, `errors_total{op,kind}`,
+    /// `cache_lookups_total{result}`, `lease_acquired_total{worker}`,
+    /// `lease_lost_total{worker,reason}`, `lease_held{worker}` (1 while this
+    /// replica holds the worker's lease).
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
         let r = registry.sub_registry_with_prefix("kvsteer_index_redis");
@@ -83,7 +137,67 @@ impl RedisMetrics {
             "Redis calls that failed, by operation and kind",
             m.errors.clone(),
         );
+        r.register(
+            "cache_lookups",
+            "Lookups answered by the in-process hot cache (hit) or by Redis (miss)",
+            m.cache.clone(),
+        );
+        r.register(
+            "lease_acquired",
+            "Write leases this replica acquired, by worker",
+            m.lease_acquired.clone(),
+        );
+        r.register(
+            "lease_lost",
+            "Write leases this replica stopped holding, by worker and reason",
+            m.lease_lost.clone(),
+        );
+        r.register(
+            "lease_held",
+            "1 while this replica holds the worker's write lease",
+            m.lease_held.clone(),
+        );
         m
+    }
+
+    pub fn cache(&self, result: CacheResult) {
+        self.cache.get_or_create(&CacheLabels { result }).inc();
+    }
+
+    /// Hot-cache lookups counted so far with `result` (tests, benchmarks).
+    pub fn cache_count(&self, result: CacheResult) -> u64 {
+        self.cache.get_or_create(&CacheLabels { result }).get()
+    }
+
+    pub fn lease_acquired(&self, worker: &str) {
+        let labels = LeaseLabels {
+            worker: worker.to_owned(),
+        };
+        self.lease_acquired.get_or_create(&labels).inc();
+        self.lease_held.get_or_create(&labels).set(1);
+    }
+
+    pub fn lease_lost(&self, worker: &str, reason: LossReason) {
+        self.lease_lost
+            .get_or_create(&LossLabels {
+                worker: worker.to_owned(),
+                reason,
+            })
+            .inc();
+        self.lease_held
+            .get_or_create(&LeaseLabels {
+                worker: worker.to_owned(),
+            })
+            .set(0);
+    }
+
+    /// Publish `worker`'s held gauge at 0 (a lease this replica never held).
+    pub fn lease_idle(&self, worker: &str) {
+        self.lease_held
+            .get_or_create(&LeaseLabels {
+                worker: worker.to_owned(),
+            })
+            .set(0);
     }
 
     pub fn observe(&self, op: Op, elapsed: Duration) {
@@ -124,5 +238,18 @@ mod tests {
             "{out}"
         );
         assert_eq!(m.error_count(Op::apply, ErrorKind::timeout), 1);
+        m.cache(CacheResult::hit);
+        m.lease_acquired("w1");
+        m.lease_lost("w1", LossReason::taken);
+        let mut out = String::new();
+        encode(&mut out, &registry).unwrap();
+        for line in [
+            "kvsteer_index_redis_cache_lookups_total{result=\"hit\"} 1",
+            "kvsteer_index_redis_lease_acquired_total{worker=\"w1\"} 1",
+            "kvsteer_index_redis_lease_lost_total{worker=\"w1\",reason=\"taken\"} 1",
+            "kvsteer_index_redis_lease_held{worker=\"w1\"} 0",
+        ] {
+            assert!(out.contains(line), "{line} in {out}");
+        }
     }
 }

@@ -18,9 +18,15 @@
 //!   counters fed by the apply script's deltas; [`RedisBackend::refresh_stats`]
 //!   (or [`RedisBackend::spawn_stats_refresh`]) replaces them with the sizes
 //!   of the worker sets in Redis (other replicas' writes, TTL expiry).
+//! - Several replicas: [`lease`] elects one writer per worker through a
+//!   lease in Redis; with [`RedisBackend::enable_fencing`] every write
+//!   checks the lease inside its script. [`cache::CachedLookups`] keeps hot
+//!   lookup results for `cache_ttl_ms` in front of the backend.
 
+pub mod cache;
 pub mod config;
 pub mod layout;
+pub mod lease;
 pub mod metrics;
 pub mod scripts;
 pub mod testing;
@@ -29,7 +35,7 @@ pub mod walk;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -40,7 +46,7 @@ use tokio::sync::Semaphore;
 
 use super::{IndexBackend, IndexError, KeyOp, WorkerId, WorkerMatch};
 use crate::keys::BlockKey;
-pub use config::{LookupMode, RedisConfig, RedisConfigError};
+pub use config::{LookupMode, RedisConfig, RedisConfigError, WriterMode};
 use layout::{Layout, op_code};
 pub use metrics::RedisMetrics;
 use metrics::{ErrorKind, Op};
@@ -70,8 +76,13 @@ pub struct RedisBackend {
     apply_script: Script,
     purge_script: Script,
     lookup_script: Script,
+    leases_script: Script,
+    release_script: Script,
     metrics: RedisMetrics,
     counts: Mutex<Counts>,
+    /// Fencing token: when set, every apply and purge of worker `w` runs
+    /// only if `{prefix}:lease:{w}` holds it.
+    fence: OnceLock<String>,
 }
 
 /// Last known `(key, worker)` entries.
@@ -108,8 +119,11 @@ impl RedisBackend {
             apply_script: Script::new(scripts::APPLY),
             purge_script: Script::new(scripts::PURGE),
             lookup_script: Script::new(scripts::LOOKUP),
+            leases_script: Script::new(scripts::LEASES),
+            release_script: Script::new(scripts::RELEASE),
             metrics,
             counts: Mutex::new(Counts::default()),
+            fence: OnceLock::new(),
             cfg,
         })
     }
@@ -120,6 +134,80 @@ impl RedisBackend {
 
     pub fn metrics(&self) -> &RedisMetrics {
         &self.metrics
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// From now on, writes of worker `w` (apply, purge) are refused by Redis
+    /// unless `{prefix}:lease:{w}` holds `token` (this replica's lease id).
+    /// Set once; later calls are ignored.
+    pub fn enable_fencing(&self, token: &str) {
+        let _ = self.fence.set(token.to_owned());
+    }
+
+    fn fence_token(&self) -> &str {
+        self.fence.get().map_or("", String::as_str)
+    }
+
+    /// One lease round trip for `workers` (see [`scripts::LEASES`]): extend
+    /// the leases `holder` holds, take the free ones flagged `true`. Returns
+    /// each lease's holder afterwards (`None` = free). Budget: the write
+    /// budget, at most a third of the lease TTL.
+    pub async fn lease_round(
+        &self,
+        workers: &[(WorkerId, bool)],
+        holder: &str,
+    ) -> Result<Vec<Option<String>>, IndexError> {
+        if workers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.leases_script.prepare_invoke();
+        for (w, _) in workers {
+            inv.key(self.layout.lease(*w));
+        }
+        let flags: Vec<u8> = workers
+            .iter()
+            .map(|(_, acquire)| if *acquire { b'1' } else { b'0' })
+            .collect();
+        inv.arg(holder).arg(self.cfg.lease_ttl_ms).arg(flags);
+        let mut con = self.conn();
+        let fut = async move { inv.invoke_async::<Vec<String>>(&mut con).await };
+        let holders = self.call(Op::lease, self.lease_budget(), fut).await?;
+        if holders.len() != workers.len() {
+            self.metrics.error(Op::lease, ErrorKind::protocol);
+            return Err(IndexError::Backend(
+                "redis lease: reply length differs from the request".into(),
+            ));
+        }
+        Ok(holders
+            .into_iter()
+            .map(|h| (!h.is_empty()).then_some(h))
+            .collect())
+    }
+
+    /// Delete the leases of `workers` that `holder` holds; returns how many.
+    pub async fn release_leases(
+        &self,
+        workers: &[WorkerId],
+        holder: &str,
+    ) -> Result<usize, IndexError> {
+        if workers.is_empty() {
+            return Ok(0);
+        }
+        let mut inv = self.release_script.prepare_invoke();
+        for w in workers {
+            inv.key(self.layout.lease(*w));
+        }
+        inv.arg(holder);
+        let mut con = self.conn();
+        let fut = async move { inv.invoke_async::<usize>(&mut con).await };
+        self.call(Op::lease, self.lease_budget(), fut).await
+    }
+
+    fn lease_budget(&self) -> Duration {
+        self.cfg.write_timeout().min(self.cfg.lease_ttl() / 3)
     }
 
     /// One `PING` within the write budget.
@@ -240,13 +328,17 @@ impl RedisBackend {
         for chunk in ops.chunks(self.cfg.ops_per_script) {
             let mut inv = self.apply_script.prepare_invoke();
             inv.key(self.layout.worker_set(worker))
-                .key(self.layout.registry());
+                .key(self.layout.registry())
+                .key(self.layout.lease(worker));
             for op in chunk {
                 let (KeyOp::Add(key, _) | KeyOp::Remove(key, _) | KeyOp::Purge(key)) = *op;
                 inv.key(self.layout.block(key));
             }
             let codes: Vec<u8> = chunk.iter().map(op_code).collect();
-            inv.arg(&field).arg(ttl_ms).arg(codes);
+            inv.arg(&field)
+                .arg(ttl_ms)
+                .arg(codes)
+                .arg(self.fence_token());
             let mut con = self.conn();
             let fut = async move { inv.invoke_async::<i64>(&mut con).await };
             let delta = self.call(Op::apply, self.cfg.write_timeout(), fut).await?;
@@ -260,7 +352,11 @@ impl RedisBackend {
         let set = self.layout.worker_set(worker);
         for _ in 0..MAX_PURGE_ROUNDS {
             let mut inv = self.purge_script.prepare_invoke();
-            inv.key(&set).arg(&field).arg(PURGE_CHUNK);
+            inv.key(&set)
+                .key(self.layout.lease(worker))
+                .arg(&field)
+                .arg(PURGE_CHUNK)
+                .arg(self.fence_token());
             let mut con = self.conn();
             let fut = async move { inv.invoke_async::<usize>(&mut con).await };
             let popped = self.call(Op::purge, self.cfg.write_timeout(), fut).await?;
@@ -310,7 +406,9 @@ impl RedisBackend {
 }
 
 fn classify(error: &RedisError) -> ErrorKind {
-    if error.is_timeout() {
+    if error.code() == Some("KVSTEER_FENCED") || error.to_string().contains("KVSTEER_FENCED") {
+        ErrorKind::fenced
+    } else if error.is_timeout() {
         ErrorKind::timeout
     } else if error.is_io_error() || error.is_connection_dropped() || error.is_connection_refusal()
     {

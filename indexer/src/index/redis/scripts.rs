@@ -3,11 +3,17 @@
 
 /// Apply one worker's key operations.
 ///
-/// `KEYS[1]` worker set, `KEYS[2]` worker registry, `KEYS[3..]` one block
-/// hash per op. `ARGV[1]` worker field, `ARGV[2]` TTL (ms), `ARGV[3]` op
-/// codes (`g`/`c` add GPU/CPU, `G`/`C` remove, `p` purge), one byte per op.
+/// `KEYS[1]` worker set, `KEYS[2]` worker registry, `KEYS[3]` the worker's
+/// lease, `KEYS[4..]` one block hash per op. `ARGV[1]` worker field,
+/// `ARGV[2]` TTL (ms), `ARGV[3]` op codes (`g`/`c` add GPU/CPU, `G`/`C`
+/// remove, `p` purge), one byte per op, `ARGV[4]` fencing token: unless
+/// empty, the call fails with `KVSTEER_FENCED` (changing nothing) when the
+/// lease does not hold exactly that value.
 /// Returns the change in the worker set's size (entries created − removed).
 pub const APPLY: &str = r#"
+if ARGV[4] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[4] then
+  return redis.error_reply('KVSTEER_FENCED write lease not held')
+end
 local field = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local ops = ARGV[3]
@@ -15,7 +21,7 @@ local wset = KEYS[1]
 local delta = 0
 for i = 1, #ops do
   local op = string.sub(ops, i, i)
-  local key = KEYS[i + 2]
+  local key = KEYS[i + 3]
   local packed = tonumber(redis.call('HGET', key, field)) or 0
   local gpu = packed % 65536
   local cpu = math.floor(packed / 65536)
@@ -55,9 +61,13 @@ return delta
 "#;
 
 /// Drop up to `ARGV[2]` of a worker's entries: pops block key names from the
-/// worker set `KEYS[1]` and deletes field `ARGV[1]` from each. Returns the
-/// number popped (0 when the set is empty or gone).
+/// worker set `KEYS[1]` and deletes field `ARGV[1]` from each. Fenced like
+/// [`APPLY`] by the lease `KEYS[2]` and token `ARGV[3]`. Returns the number
+/// popped (0 when the set is empty or gone).
 pub const PURGE: &str = r#"
+if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then
+  return redis.error_reply('KVSTEER_FENCED write lease not held')
+end
 local members = redis.call('SPOP', KEYS[1], tonumber(ARGV[2]))
 for _, key in ipairs(members) do
   redis.call('HDEL', key, ARGV[1])
@@ -110,4 +120,37 @@ for _, w in ipairs(workers) do
   out[#out + 1] = cpu[w]
 end
 return out
+"#;
+
+/// One lease round for several workers: `KEYS` are lease keys, `ARGV[1]`
+/// this replica's id, `ARGV[2]` the lease TTL (ms), `ARGV[3]` one byte per
+/// key, `1` = acquire if free. A lease holding `ARGV[1]` is extended
+/// (compare-and-extend); a free one is taken (`SET PX`, as `SET NX` would)
+/// only where asked. Returns each lease's holder afterwards (`""` = free).
+pub const LEASES: &str = r#"
+local out = {}
+for i, key in ipairs(KEYS) do
+  local cur = redis.call('GET', key)
+  if cur == ARGV[1] then
+    redis.call('PEXPIRE', key, ARGV[2])
+  elseif not cur and string.sub(ARGV[3], i, i) == '1' then
+    redis.call('SET', key, ARGV[1], 'PX', ARGV[2])
+    cur = ARGV[1]
+  end
+  out[i] = cur or ''
+end
+return out
+"#;
+
+/// Compare-and-delete of the leases `KEYS` that hold `ARGV[1]` (graceful
+/// shutdown: another replica takes over at once). Returns how many.
+pub const RELEASE: &str = r#"
+local n = 0
+for _, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then
+    redis.call('DEL', key)
+    n = n + 1
+  end
+end
+return n
 "#;
