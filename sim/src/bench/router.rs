@@ -248,6 +248,7 @@ impl VirtualRouter {
                 waiting: s.waiting as f64,
                 running: s.running as f64,
                 kv_usage: s.kv_usage,
+                kv_capacity_tokens: (s.num_gpu_blocks as f64) * f64::from(self.block_size),
                 e2e,
                 ttft,
             });
