@@ -18,6 +18,7 @@ const E2E_SUM: &str = "vllm:e2e_request_latency_seconds_sum";
 const E2E_COUNT: &str = "vllm:e2e_request_latency_seconds_count";
 const TTFT_SUM: &str = "vllm:time_to_first_token_seconds_sum";
 const TTFT_COUNT: &str = "vllm:time_to_first_token_seconds_count";
+const CACHE_CONFIG: &str = "vllm:cache_config_info";
 
 /// Larger metrics pages are refused.
 const MAX_BODY: usize = 8 << 20;
@@ -178,6 +179,14 @@ pub fn parse(text: &str, rank: Option<u32>) -> Option<ScrapedLoad> {
             E2E_COUNT => load.e2e.count += value,
             TTFT_SUM => load.ttft.sum += value,
             TTFT_COUNT => load.ttft.count += value,
+            CACHE_CONFIG => {
+                let blocks = label(labels, "num_gpu_blocks");
+                let size = label(labels, "block_size");
+                let (Some(blocks), Some(size)) = (blocks, size) else {
+                    continue;
+                };
+                load.kv_capacity_tokens += blocks * size;
+            }
             _ => continue,
         }
         found = true;
@@ -186,6 +195,17 @@ pub fn parse(text: &str, rank: Option<u32>) -> Option<ScrapedLoad> {
         load.kv_usage /= f64::from(kv_series);
     }
     found.then_some(load)
+}
+
+/// The number in `name="value"` among a series' labels.
+fn label(labels: &str, name: &str) -> Option<f64> {
+    labels.split(',').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k.trim() == name)
+            .then(|| v.trim().trim_matches('"').parse::<f64>().ok())
+            .flatten()
+            .filter(|x| x.is_finite() && *x >= 0.0)
+    })
 }
 
 #[cfg(test)]
@@ -201,6 +221,9 @@ vllm:num_requests_running{engine="1",model_name="Qwen/Qwen3-8B"} 2
 vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.5
 vllm:kv_cache_usage_perc{engine="1",model_name="Qwen/Qwen3-8B"} 0.25
 vllm:num_requests_waiting_total 99
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100",prefix="a,b"} 1.0
+vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="50"} 1.0
+vllm:cache_config_info{engine="1",num_gpu_blocks="oops"} 1.0
 garbage line without value
 vllm:num_requests_running{broken 7
 "#;
@@ -211,6 +234,15 @@ vllm:num_requests_running{broken 7
         assert_eq!((all.waiting, all.running, all.kv_usage), (8.0, 14.0, 0.375));
         let one = parse(PAGE, Some(1)).unwrap();
         assert_eq!((one.waiting, one.running, one.kv_usage), (5.0, 2.0, 0.25));
+        // KV capacity from the cache config's labels, in tokens.
+        assert_eq!(all.kv_capacity_tokens, 150.0 * 16.0);
+        assert_eq!(one.kv_capacity_tokens, 50.0 * 16.0);
+        assert_eq!(
+            parse("vllm:num_requests_running 1\n", None)
+                .unwrap()
+                .kv_capacity_tokens,
+            0.0
+        );
     }
 
     #[test]

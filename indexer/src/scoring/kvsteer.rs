@@ -1,24 +1,61 @@
-//! The `kvsteer` policy: predicted time to first token.
+//! The `kvsteer` policy: predicted time to first token, and what a
+//! placement costs the requests behind it.
 //!
 //! ```text
 //! queued   = max(unprefilled tokens we sent, scraped waiting × waiting_request_tokens)
-//! slots    = (waiting + 1) × slot_time / running   (when waiting > 0 and running ≥ max_num_seqs
-//!                                                  or kv_usage ≥ kv_full_threshold)
 //! uncached = max(prompt − gpu_hits × gpu_hit_weight − cpu_hits × cpu_hit_weight, 1)
-//! ttft_ms  = max(1000 × queued / rate, 1000 × slots)   (wait for the work ahead)
+//! slots    = (waiting + 1) × slot_time / running   (when waiting > 0 and running ≥ max_num_seqs,
+//!                                                  or kv_usage ≥ kv_full_threshold and the
+//!                                                  cache size is unknown)
+//! blocks   = (queued + uncached − free KV tokens) × slot_time / used KV tokens   (when > 0)
+//! ttft_ms  = max(1000 × queued / rate, 1000 × slots, 1000 × blocks)   (wait for the work ahead)
 //!          + running × decode_ms_per_running (decode steps sharing the batches)
 //!          + 1000 × uncached / rate          (this request's own prefill)
+//! evicted  = clamp(routed_other + prompt − route_fill × KV tokens, 0, prompt − routed_prompt)
+//! cost_ms  = ttft_ms + 1000 × uncached / rate × congestion_weight × mean backlog
+//!          + 1000 × evicted / rate                                          (rank)
 //! ```
 //! The queue term takes the larger of our count and the engine's because the
 //! engine's waiting queue contains our requests too (summing would count them
 //! twice) but also sees traffic from other routers, and the scrape lags.
-//! The slot term covers the other reason a vLLM queue forms: every running
-//! slot (`max_num_seqs`) or KV block taken, so waiting requests start only as
-//! running ones finish. `slot_time` is how long a request holds its slot
-//! after its first token, from the engine's own latency histograms (mean
-//! end-to-end latency minus mean TTFT, see `scrape.rs`).
+//! The slot term covers one other reason a vLLM queue forms: every running
+//! slot (`max_num_seqs`) taken, so waiting requests start only as running
+//! ones finish. `slot_time` is how long a request holds its slot after its
+//! first token, from the engine's own latency histograms (mean end-to-end
+//! latency minus mean TTFT, see `scrape.rs`).
+//! The block term covers the other: the engine admits a request only when
+//! its KV blocks fit. The cache size comes from `vllm:cache_config_info`,
+//! the used part from `kv_usage`; the tokens queued ahead and this request's
+//! uncached tokens that do not fit wait for running requests to release
+//! theirs, `used / slot_time` tokens per second (Little's law on the cache).
+//! Without it a worker whose cache is full of decoding requests has an empty
+//! prefill queue and looks fast; requests sent there wait or preempt others.
+//!
+//! `rank` orders by `cost_ms`, not `ttft_ms`: prefill time is the resource
+//! every request shares, so a placement also delays the requests that will
+//! queue behind it, and near saturation a cache miss (the whole prompt to
+//! prefill instead of its question) costs them more than it saves this one.
+//! Their number is estimated from the workers' mean backlog (requests
+//! without a first token, see `WorkerView::backlog`) times
+//! `congestion_weight`. With nothing queued anywhere the cost is the
+//! predicted TTFT; as queues grow a cold placement must save more than the
+//! extra prefill it adds for everyone, so the cache keeps its traffic.
+//! `ttft_ms` stays this request's own prediction (reported, calibrated).
+//!
+//! `evicted` charges what a placement costs the requests that come back:
+//! the KV index shows only what is cached now, so a conversation whose
+//! prefix was just evicted (or is still being prefilled) looks cold
+//! everywhere and would go wherever its first token comes earliest, piling
+//! conversations onto the workers that already hold others. The picker
+//! remembers the prompt blocks it routed to each worker recently
+//! (`load::RecentRoutes`): `routed_other` is that working set minus this
+//! prompt's part, `routed_prompt`. Beyond the cache (× `route_fill`), LRU
+//! evicts the excess, at most what this placement adds to the set, and the
+//! owners prefill it again at this worker's rate. A conversation returning to
+//! the worker it used adds little there; a new one is charged where the
+//! cache is already claimed; with room everywhere the charge is 0.
 
-use super::WorkerView;
+use super::{ScrapedLoad, WorkerView};
 use crate::config::ScoringConfig;
 
 /// The predicted TTFT of one request on one worker, by component.
@@ -28,16 +65,32 @@ pub struct Prediction {
     pub queued_tokens: f64,
     /// This request's tokens to prefill after cache hits.
     pub uncached_tokens: f64,
+    /// Time before this request starts: the token queue, or the wait for a
+    /// slot or KV blocks when that is longer.
     pub queue_ms: f64,
+    /// The wait for a running slot or KV blocks alone (0 when neither is short).
+    pub wait_ms: f64,
     pub decode_ms: f64,
     pub prefill_ms: f64,
     pub ttft_ms: f64,
+    /// Recently routed tokens of other prompts this placement pushes out of
+    /// the worker's cache.
+    pub evicted_tokens: f64,
+    /// Their prefill again, when their requests come back.
+    pub evict_ms: f64,
 }
 
 impl Prediction {
     /// Tokens the worker prefills before this request's first token.
     pub fn work_tokens(&self) -> f64 {
         self.queued_tokens + self.uncached_tokens
+    }
+
+    /// What a placement costs everyone: this request's TTFT plus the delay
+    /// its prefill adds to the `backlog` requests that queue behind it.
+    /// and the prefill of other requests' prefixes it evicts.
+    pub fn cost_ms(&self, backlog: f64) -> f64 {
+        self.ttft_ms + self.prefill_ms * backlog + self.evict_ms
     }
 }
 
@@ -58,32 +111,78 @@ pub fn predict(cfg: &ScoringConfig, prompt_tokens: u32, w: &WorkerView) -> Predi
     // vLLM always computes at least the last prompt token.
     let uncached_tokens =
         (prompt - gpu * cfg.gpu_hit_weight - cpu * cfg.cpu_hit_weight).max(prompt.min(1.0));
-    // Requests waiting for a running slot (max_num_seqs or KV blocks full)
-    // start as running ones finish: R slots each held `slot_time` free one
-    // every slot_time / R, and this request needs the (waiting + 1)th.
-    // Only when the engine is really out of slots or blocks: a waiting queue
-    // also forms for one step at a time behind the prefill token budget,
-    // which the token term covers.
-    let slot_wait_ms = w.scraped.map_or(0.0, |s| {
-        let full = s.running >= f64::from(cfg.max_num_seqs) || s.kv_usage >= cfg.kv_full_threshold;
-        match s.slot_time_s() {
-            Some(slot) if full && s.waiting > 0.0 && s.running > 0.0 => {
-                1000.0 * (s.waiting + 1.0) * slot / s.running
-            }
-            _ => 0.0,
-        }
+    let wait_ms = w.scraped.map_or(0.0, |s| {
+        slot_wait_ms(cfg, &s).max(kv_wait_ms(&s, queued_tokens + uncached_tokens))
     });
-    let queue_ms = (1000.0 * queued_tokens / rate).max(slot_wait_ms);
+    let queue_ms = (1000.0 * queued_tokens / rate).max(wait_ms);
     let decode_ms = running * cfg.decode_ms_per_running;
     let prefill_ms = 1000.0 * uncached_tokens / rate;
+    let evicted_tokens = w.scraped.map_or(0.0, |s| {
+        evicted_tokens(s.kv_capacity_tokens * cfg.route_fill, prompt, w)
+    });
     Prediction {
         queued_tokens,
         uncached_tokens,
         queue_ms,
+        wait_ms,
         decode_ms,
         prefill_ms,
         ttft_ms: queue_ms + decode_ms + prefill_ms,
+        evicted_tokens,
+        evict_ms: 1000.0 * evicted_tokens / rate,
     }
+}
+
+/// The working set a placement pushes out of the cache: the worker must
+/// hold the tokens recently routed to it (`routed_other_tokens`) and this
+/// prompt; what exceeds its KV cache is evicted (LRU), up to the tokens this
+/// placement adds to the set (the prompt's tokens not already routed there).
+/// 0 when the engine does not export its cache size.
+fn evicted_tokens(capacity: f64, prompt: f64, w: &WorkerView) -> f64 {
+    if capacity <= 0.0 {
+        return 0.0;
+    }
+    let added = (prompt - f64::from(w.routed_prompt_tokens)).max(0.0);
+    let over = w.routed_other_tokens as f64 + prompt - capacity;
+    over.clamp(0.0, added)
+}
+
+/// Requests waiting for a running slot (`max_num_seqs`, or KV blocks when
+/// the engine does not export its cache size) start as running ones finish:
+/// R slots each held `slot_time` free one every slot_time / R, and this
+/// request needs the (waiting + 1)th. Only when the engine is really out of
+/// slots or blocks: a waiting queue also forms for one step at a time behind
+/// the prefill token budget, which the token term covers.
+fn slot_wait_ms(cfg: &ScoringConfig, s: &ScrapedLoad) -> f64 {
+    let kv_full = s.kv_capacity_tokens <= 0.0 && s.kv_usage >= cfg.kv_full_threshold;
+    let full = s.running >= f64::from(cfg.max_num_seqs) || kv_full;
+    match s.slot_time_s() {
+        Some(slot) if full && s.waiting > 0.0 && s.running > 0.0 => {
+            1000.0 * (s.waiting + 1.0) * slot / s.running
+        }
+        _ => 0.0,
+    }
+}
+
+/// The wait for KV blocks: the engine admits a request only when its blocks
+/// fit. `need` tokens (the prefills queued ahead and this one's uncached
+/// tokens) against the free part of the cache; what does not fit waits for
+/// running requests to finish, which release the used blocks at
+/// `used / slot_time` tokens per second (Little's law on the cache).
+fn kv_wait_ms(s: &ScrapedLoad, need: f64) -> f64 {
+    let capacity = s.kv_capacity_tokens;
+    let Some(slot) = s.slot_time_s() else {
+        return 0.0;
+    };
+    if capacity <= 0.0 {
+        return 0.0;
+    }
+    let used = s.kv_usage.clamp(0.0, 1.0) * capacity;
+    let short = need - (capacity - used);
+    if short <= 0.0 || used <= 0.0 {
+        return 0.0;
+    }
+    1000.0 * short * slot / used
 }
 
 /// The next prefill rate of a worker after a first-token observation:
@@ -96,8 +195,11 @@ pub fn calibrate(
     observed_ms: f64,
 ) -> f64 {
     let work = predicted.work_tokens();
+    // A start predicted by the slot or KV wait says nothing about the rate.
+    let waited = predicted.wait_ms > 0.0 && predicted.queue_ms <= predicted.wait_ms;
     if !(observed_ms.is_finite() && observed_ms > 0.0)
         || work < f64::from(cfg.calibration_min_tokens)
+        || waited
     {
         return current_rate;
     }
@@ -113,7 +215,7 @@ pub fn calibrate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Policy;
+    use crate::config::{DEFAULT_CONGESTION_WEIGHT, Policy};
     use crate::scoring::{ScrapedLoad, Turn, rank};
 
     const RATE: f64 = 10_000.0;
@@ -123,8 +225,11 @@ mod tests {
     fn cfg() -> ScoringConfig {
         ScoringConfig {
             prefill_rate_prior: RATE,
-            // Exact crossovers: no near-tie band (rank's tests cover it).
+            // Exact crossovers: no near-tie band (rank's tests cover it) and
+            // ranked by this request's TTFT alone (`busy_workers_keep_the_cache`
+            // covers the congestion charge).
             tie_ratio: 0.0,
+            congestion_weight: 0.0,
             ..Default::default()
         }
     }
@@ -151,11 +256,15 @@ mod tests {
     }
 
     fn choice(views: &[WorkerView]) -> usize {
+        choice_with(&cfg(), views)
+    }
+
+    fn choice_with(cfg: &ScoringConfig, views: &[WorkerView]) -> usize {
         let t = Turn {
             counter: 0,
             random: 0,
         };
-        rank(Policy::Kvsteer, &cfg(), PROMPT, views, t)[0].index
+        rank(Policy::Kvsteer, cfg, PROMPT, views, t)[0].index
     }
 
     #[test]
@@ -267,6 +376,135 @@ mod tests {
         assert_eq!(p.queue_ms, 1000.0 * p.queued_tokens / RATE);
     }
 
+    /// A cache of 10,000 tokens, `usage` of it held by running requests that
+    /// keep it 10 s after their first token.
+    fn kv(usage: f64) -> ScrapedLoad {
+        let mut load = ScrapedLoad {
+            running: 4.0,
+            kv_usage: usage,
+            kv_capacity_tokens: 10_000.0,
+            ..ScrapedLoad::default()
+        };
+        load.e2e.mean = Some(10.5);
+        load.ttft.mean = Some(0.5);
+        load
+    }
+
+    /// Tokens that do not fit in the free cache wait for running requests
+    /// to release theirs: used / slot_time tokens per second.
+    #[test]
+    fn blocks_that_do_not_fit_wait_for_running_requests() {
+        let mut full = cold();
+        full.scraped = Some(kv(0.9));
+        let p = predict(&cfg(), PROMPT, &full);
+        let short = f64::from(PROMPT) - 1_000.0;
+        assert!((p.wait_ms - 1000.0 * short * 10.0 / 9_000.0).abs() < 1e-6);
+        assert_eq!(p.queue_ms, p.wait_ms);
+        // Free blocks for the whole prompt: no wait.
+        let mut empty = cold();
+        empty.scraped = Some(kv(0.1));
+        assert_eq!(predict(&cfg(), PROMPT, &empty).wait_ms, 0.0);
+        // The emptier cache wins between two idle cold workers, though
+        // neither has a prefill queue.
+        assert_eq!(choice(&[full, empty]), 1);
+        // Prefills queued ahead need blocks first.
+        let mut queued = empty;
+        queued.unprefilled_tokens = 4_000;
+        assert!(predict(&cfg(), PROMPT, &queued).wait_ms > 0.0);
+        // A warm prompt needs blocks for its uncached part only.
+        let mut warm_full = warm(0, 0);
+        warm_full.scraped = Some(kv(0.9));
+        let w = predict(&cfg(), PROMPT, &warm_full);
+        assert!(w.wait_ms < p.wait_ms && w.ttft_ms < p.ttft_ms);
+        // Cache size not exported: only the kv_full_threshold slot rule.
+        let mut unknown = kv(0.9);
+        unknown.kv_capacity_tokens = 0.0;
+        full.scraped = Some(unknown);
+        assert_eq!(predict(&cfg(), PROMPT, &full).wait_ms, 0.0);
+    }
+
+    /// Near saturation a cache miss is prefill taken from everyone queued:
+    /// the warm worker keeps the request although the cold one would give
+    /// it an earlier first token.
+    #[test]
+    fn busy_workers_keep_the_cache() {
+        let queued = u64::from(MATCHED) + 1_000;
+        let views = |backlog: u32| {
+            let mut busy_cold = cold();
+            busy_cold.in_flight = backlog;
+            let mut w = warm(queued, 0);
+            w.in_flight = backlog;
+            vec![w, busy_cold, busy_cold, cold()]
+        };
+        let congested = ScoringConfig {
+            congestion_weight: DEFAULT_CONGESTION_WEIGHT,
+            ..cfg()
+        };
+        // Nobody waiting: a cold worker gives the earlier TTFT and wins.
+        let idle = views(0);
+        let ttft = |v: &WorkerView| predict(&congested, PROMPT, v).ttft_ms;
+        assert!(ttft(&idle[3]) < ttft(&idle[0]));
+        assert_ne!(choice_with(&congested, &idle), 0);
+        // Two requests waiting for their first token on most workers: the
+        // 6,144 tokens a miss adds delay them, and the cache wins.
+        assert_eq!(choice_with(&congested, &views(2)), 0);
+        // Ranked by this request's TTFT alone, it would spill.
+        assert_eq!(choice(&views(2)), 3);
+    }
+
+    /// A worker whose KV cache is full of recently routed prompts: a prompt
+    /// placed there evicts what it adds to that working set, and the
+    /// eviction is charged (not predicted as this request's TTFT).
+    #[test]
+    fn evicting_recently_routed_prompts_is_charged() {
+        let scraped = ScrapedLoad {
+            kv_capacity_tokens: 20_000.0,
+            ..ScrapedLoad::default()
+        };
+        let mut full = cold();
+        full.scraped = Some(scraped);
+        full.routed_other_tokens = 18_000;
+        let p = predict(&cfg(), PROMPT, &full);
+        let over = 18_000.0 + f64::from(PROMPT) - 20_000.0;
+        assert_eq!(p.evicted_tokens, over);
+        assert_eq!(p.evict_ms, 1000.0 * over / RATE);
+        assert_eq!(p.cost_ms(0.0), p.ttft_ms + p.evict_ms);
+        assert_eq!(p.ttft_ms, predict(&cfg(), PROMPT, &cold()).ttft_ms);
+        // Room for it: nothing evicted. At most what the prompt adds.
+        let mut roomy = full;
+        roomy.routed_other_tokens = 10_000;
+        assert_eq!(predict(&cfg(), PROMPT, &roomy).evicted_tokens, 0.0);
+        let mut crammed = full;
+        crammed.routed_other_tokens = 90_000;
+        assert_eq!(
+            predict(&cfg(), PROMPT, &crammed).evicted_tokens,
+            f64::from(PROMPT)
+        );
+        // The prompt was routed there before (its cache since evicted): it
+        // comes back to its own working set, which costs nobody else.
+        let mut home = full;
+        home.routed_prompt_tokens = PROMPT - 800;
+        assert_eq!(predict(&cfg(), PROMPT, &home).evicted_tokens, 800.0);
+        // Cold everywhere: home wins over the full stranger, and an empty
+        // worker wins over both.
+        assert_eq!(choice(&[full, home]), 1);
+        let mut empty = cold();
+        empty.scraped = Some(scraped);
+        assert_eq!(choice(&[full, home, empty]), 2);
+        // Cache size unknown, or the working set allowed to fill less of it.
+        let mut unknown = full;
+        unknown.scraped = Some(ScrapedLoad::default());
+        assert_eq!(predict(&cfg(), PROMPT, &unknown).evicted_tokens, 0.0);
+        let half = ScoringConfig {
+            route_fill: 0.5,
+            ..cfg()
+        };
+        assert_eq!(
+            predict(&half, PROMPT, &roomy).evicted_tokens,
+            10_000.0 + f64::from(PROMPT) - 10_000.0
+        );
+    }
+
     #[test]
     fn slower_calibrated_rate_moves_the_choice() {
         let mut slow = cold();
@@ -300,6 +538,13 @@ mod tests {
             r = calibrate(&c, r, &p, 1e9);
         }
         assert_eq!(r, RATE * c.rate_min_factor);
+        // A start predicted by the wait for blocks or slots: unchanged.
+        let waited = Prediction {
+            queue_ms: 5_000.0,
+            wait_ms: 5_000.0,
+            ..p
+        };
+        assert_eq!(calibrate(&c, RATE, &waited, 2.0 * p.ttft_ms), RATE);
         // Too little work to tell, or nonsense: unchanged.
         let tiny = predict(&c, 8, &cold());
         assert_eq!(calibrate(&c, RATE, &tiny, 500.0), RATE);

@@ -31,6 +31,12 @@ pub struct WorkerView {
     pub scraped: Option<ScrapedLoad>,
     /// Calibrated prefill throughput, tokens/s.
     pub prefill_rate: f64,
+    /// This prompt's tokens we routed to it recently (whole blocks; see
+    /// `load::RecentRoutes`), cached there or not.
+    pub routed_prompt_tokens: u32,
+    /// Other prompts' tokens we routed to it recently: the working set its
+    /// cache would have to hold for those requests' next turns to hit.
+    pub routed_other_tokens: u64,
 }
 
 /// The engine's own view of its load (vLLM gauges).
@@ -39,6 +45,9 @@ pub struct ScrapedLoad {
     pub waiting: f64,
     pub running: f64,
     pub kv_usage: f64,
+    /// KV cache size in tokens (`vllm:cache_config_info`: `num_gpu_blocks`
+    /// × `block_size`); 0 when the engine does not export it.
+    pub kv_capacity_tokens: f64,
     /// `vllm:e2e_request_latency_seconds`: time from arrival to the end.
     pub e2e: HistogramMean,
     /// `vllm:time_to_first_token_seconds`: time from arrival to the first token.
@@ -115,6 +124,13 @@ impl WorkerView {
         let scraped = self.scraped.map_or(0.0, |s| s.waiting + s.running);
         f64::from(self.in_flight).max(scraped)
     }
+
+    /// Requests on the worker still waiting for their first token: ours
+    /// that have none yet, or the engine's waiting queue when that is larger.
+    pub fn backlog(&self) -> f64 {
+        let ours = f64::from(self.in_flight.saturating_sub(self.decoding));
+        ours.max(self.scraped.map_or(0.0, |s| s.waiting.max(0.0)))
+    }
 }
 
 /// Orders the workers for a request of `prompt_tokens` tokens, best first,
@@ -142,19 +158,30 @@ pub fn rank(
     let tie = |r: &Ranked| (r.index + n - turn.counter % n) % n;
     match policy {
         Policy::Kvsteer => {
-            candidates.sort_by(|a, b| a.prediction.ttft_ms.total_cmp(&b.prediction.ttft_ms));
-            // Predictions within tie_ratio of the best are equally good: the
-            // least loaded of them goes first, equal ones in rotation, so
-            // near-identical calibrated rates don't decide every cold pick.
-            let best = candidates.first().map_or(0.0, |r| r.prediction.ttft_ms);
+            // Prefill is the shared resource: a placement also delays the
+            // requests that will queue behind it, about as many as wait for a
+            // first token on a worker now (the mean backlog).
+            let backlog = congestion(cfg, views, &candidates);
+            let cost = |r: &Ranked| r.prediction.cost_ms(backlog);
+            candidates.sort_by(|a, b| cost(a).total_cmp(&cost(b)));
+            // Costs within tie_ratio of the best are equally good: the
+            // least loaded of them goes first, then the one with the least
+            // routed to it recently (room for this prompt's next turns),
+            // equal ones in rotation, so near-identical calibrated rates
+            // don't decide every cold pick.
+            let best = candidates.first().map_or(0.0, cost);
             let near = candidates
                 .iter()
-                .take_while(|r| r.prediction.ttft_ms <= best * (1.0 + cfg.tie_ratio))
+                .take_while(|r| cost(r) <= best * (1.0 + cfg.tie_ratio))
                 .count();
             candidates[..near].sort_by(|a, b| {
                 views[a.index]
                     .load()
                     .total_cmp(&views[b.index].load())
+                    .then_with(|| {
+                        let routed = |r: &Ranked| views[r.index].routed_other_tokens;
+                        routed(a).cmp(&routed(b))
+                    })
                     .then_with(|| tie(a).cmp(&tie(b)))
             });
         }
@@ -165,6 +192,16 @@ pub fn rank(
     }
     candidates.truncate(cfg.max_endpoints as usize);
     candidates
+}
+
+/// The number of requests a placement's prefill delays: the mean backlog
+/// of the candidates, weighted by `congestion_weight`.
+fn congestion(cfg: &ScoringConfig, views: &[WorkerView], candidates: &[Ranked]) -> f64 {
+    if candidates.is_empty() {
+        return 0.0;
+    }
+    let total: f64 = candidates.iter().map(|r| views[r.index].backlog()).sum();
+    cfg.congestion_weight * total / candidates.len() as f64
 }
 
 #[cfg(test)]
@@ -250,6 +287,35 @@ mod tests {
         // 20 % faster is no tie.
         let views = vec![idle(1000.0), idle(1200.0), idle(1000.0)];
         assert!((0..3).all(|c| order(Policy::Kvsteer, &views, c)[0] == 1));
+    }
+
+    /// Equal predictions and load: the worker with the least routed to it
+    /// recently goes first (room for this prompt's next turns).
+    #[test]
+    fn kvsteer_ties_go_to_the_smaller_working_set() {
+        let mut views = vec![idle(1000.0); 3];
+        views[0].routed_other_tokens = 9_000;
+        views[1].routed_other_tokens = 1_000;
+        views[2].routed_other_tokens = 5_000;
+        assert!((0..3).all(|c| order(Policy::Kvsteer, &views, c) == [1, 2, 0]));
+    }
+
+    #[test]
+    fn backlog_is_ours_or_the_engines_waiting_queue() {
+        let mut v = idle(1000.0);
+        v.in_flight = 5;
+        v.decoding = 3;
+        assert_eq!(v.backlog(), 2.0);
+        v.scraped = Some(ScrapedLoad {
+            waiting: 4.0,
+            running: 9.0,
+            ..ScrapedLoad::default()
+        });
+        assert_eq!(v.backlog(), 4.0);
+        let views = [v, idle(1000.0)];
+        let cfg = ScoringConfig::default();
+        let c = rank(Policy::Kvsteer, &cfg, 10, &views, turn(0));
+        assert_eq!(congestion(&cfg, &views, &c), cfg.congestion_weight * 2.0);
     }
 
     #[test]
