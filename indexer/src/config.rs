@@ -26,6 +26,8 @@ pub const DEFAULT_MAX_NUM_SEQS: u32 = 256;
 pub const DEFAULT_KV_FULL_THRESHOLD: f64 = 0.95;
 pub const DEFAULT_TIE_RATIO: f64 = 0.05;
 pub const DEFAULT_CONGESTION_WEIGHT: f64 = 2.0;
+pub const DEFAULT_ROUTE_WINDOW_S: u64 = 60;
+pub const DEFAULT_ROUTE_FILL: f64 = 1.0;
 pub const DEFAULT_INDEX_CAPACITY: usize = 4_000_000;
 pub const DEFAULT_TENANT_HEADER: &str = "x-tenant-id";
 pub const DEFAULT_SCRAPE_INTERVAL_MS: u64 = 1_000;
@@ -130,6 +132,14 @@ pub struct ScoringConfig {
     /// queueing behind it (× the workers' mean first-token backlog); 0 ranks
     /// by this request's predicted TTFT alone.
     pub congestion_weight: f64,
+    /// Prompts routed to a worker within this many seconds are its working
+    /// set: a placement that pushes them out of its KV cache is charged
+    /// their prefill. 0: no route memory.
+    pub route_window_s: u64,
+    /// Share of a worker's KV cache (0..=1) the recently routed working set
+    /// may fill before a placement there is charged the prefill it evicts;
+    /// the rest is headroom for the running requests' growth.
+    pub route_fill: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -248,6 +258,8 @@ impl Default for ScoringConfig {
             kv_full_threshold: DEFAULT_KV_FULL_THRESHOLD,
             tie_ratio: DEFAULT_TIE_RATIO,
             congestion_weight: DEFAULT_CONGESTION_WEIGHT,
+            route_window_s: DEFAULT_ROUTE_WINDOW_S,
+            route_fill: DEFAULT_ROUTE_FILL,
         }
     }
 }
@@ -448,6 +460,7 @@ impl ScoringConfig {
         }
         unit("scoring.kv_full_threshold", self.kv_full_threshold)?;
         unit("scoring.tie_ratio", self.tie_ratio)?;
+        unit("scoring.route_fill", self.route_fill)?;
         if !(self.congestion_weight.is_finite() && self.congestion_weight >= 0.0) {
             return Err(invalid("scoring.congestion_weight", "must be >= 0"));
         }

@@ -4,11 +4,16 @@
 //! A pick adds the request's uncached tokens to its worker's "unprefilled"
 //! work; its first token moves it to "decoding"; done or cancelled removes it.
 //! Entries whose reports never come expire after a TTL.
+//!
+//! [`RecentRoutes`] remembers which prompt blocks were sent where in the last
+//! `route_window_s`: each worker's working set as the router sees it, whether
+//! or not the engine still caches (or already caches) those blocks.
 
+use crate::keys::BlockKey;
 use crate::scoring::Prediction;
 use parking_lot::Mutex;
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     time::{Duration, Instant},
 };
 
@@ -166,6 +171,107 @@ impl LoadTracker {
     }
 }
 
+/// The prompt blocks routed to each worker within a time window.
+pub struct RecentRoutes {
+    window: Duration,
+    /// Entries kept at most (oldest dropped first).
+    capacity: usize,
+    inner: Mutex<RoutesInner>,
+}
+
+/// What the recent routes say about one worker for one prompt, in blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Routed {
+    /// This prompt's blocks routed to the worker within the window.
+    pub prompt_blocks: u32,
+    /// Other blocks routed to the worker within the window.
+    pub other_blocks: u64,
+}
+
+struct RoutesInner {
+    /// Last time each (block, worker) was routed.
+    last: HashMap<(BlockKey, usize), Instant>,
+    /// Routing order, for expiry; stale entries (routed again since) are
+    /// skipped when they come out.
+    order: VecDeque<(Instant, BlockKey, usize)>,
+    /// Entries of `last` per worker.
+    blocks: Vec<u64>,
+}
+
+// === impl RecentRoutes ===
+
+impl RecentRoutes {
+    /// `window` zero: nothing is remembered.
+    pub fn new(workers: usize, window: Duration, capacity: usize) -> Self {
+        Self {
+            window,
+            capacity,
+            inner: Mutex::new(RoutesInner {
+                last: HashMap::new(),
+                order: VecDeque::new(),
+                blocks: vec![0; workers],
+            }),
+        }
+    }
+
+    /// Records that a prompt with these block keys was sent to `worker`.
+    pub fn record(&self, worker: usize, keys: &[BlockKey], now: Instant) {
+        if self.window.is_zero() {
+            return;
+        }
+        let mut inner = self.inner.lock();
+        if worker >= inner.blocks.len() {
+            return;
+        }
+        for &key in keys {
+            if inner.last.insert((key, worker), now).is_none() {
+                inner.blocks[worker] += 1;
+            }
+            inner.order.push_back((now, key, worker));
+        }
+        inner.expire(now.checked_sub(self.window), self.capacity);
+    }
+
+    /// Per worker: how much of `keys`, and how much else, was routed there
+    /// within the window.
+    pub fn lookup(&self, keys: &[BlockKey], now: Instant) -> Vec<Routed> {
+        let mut inner = self.inner.lock();
+        if self.window.is_zero() {
+            return vec![Routed::default(); inner.blocks.len()];
+        }
+        inner.expire(now.checked_sub(self.window), self.capacity);
+        (0..inner.blocks.len())
+            .map(|w| {
+                let mut prompt = 0u32;
+                for &key in keys {
+                    prompt += u32::from(inner.last.contains_key(&(key, w)));
+                }
+                Routed {
+                    prompt_blocks: prompt,
+                    other_blocks: inner.blocks[w].saturating_sub(u64::from(prompt)),
+                }
+            })
+            .collect()
+    }
+}
+
+impl RoutesInner {
+    /// Drops entries routed before `cutoff`, and the oldest beyond `capacity`.
+    fn expire(&mut self, cutoff: Option<Instant>, capacity: usize) {
+        while let Some(&(at, key, worker)) = self.order.front() {
+            let old = cutoff.is_some_and(|c| at < c);
+            if !old && self.last.len() <= capacity && self.order.len() <= 2 * capacity.max(1) {
+                break;
+            }
+            self.order.pop_front();
+            if self.last.get(&(key, worker)) == Some(&at) {
+                self.last.remove(&(key, worker));
+                self.blocks[worker] = self.blocks[worker].saturating_sub(1);
+            }
+        }
+    }
+}
+
 impl Inner {
     fn release(&mut self, p: &Pending) {
         let w = &mut self.workers[p.worker];
@@ -261,5 +367,70 @@ mod tests {
             [16_000.0, 10_000.0, 13_000.0]
         );
         assert_eq!(s.iter().filter(|w| w.calibrated).count(), 2);
+    }
+
+    fn keys(range: std::ops::Range<u64>) -> Vec<BlockKey> {
+        range.map(BlockKey).collect()
+    }
+
+    #[test]
+    fn recent_routes_are_each_workers_working_set() {
+        let r = RecentRoutes::new(2, Duration::from_secs(60), 1_000);
+        let t0 = Instant::now();
+        r.record(0, &keys(0..10), t0);
+        r.record(1, &keys(0..4), t0);
+        // A longer prompt extending the first: 10 of its 12 blocks went to 0.
+        let seen = r.lookup(&keys(0..12), t0 + Duration::from_secs(1));
+        assert_eq!(
+            seen[0],
+            Routed {
+                prompt_blocks: 10,
+                other_blocks: 0
+            }
+        );
+        assert_eq!(
+            seen[1],
+            Routed {
+                prompt_blocks: 4,
+                other_blocks: 0
+            }
+        );
+        // Another prompt: everything there is someone else's.
+        let other = r.lookup(&keys(100..105), t0);
+        assert_eq!(
+            other[0],
+            Routed {
+                prompt_blocks: 0,
+                other_blocks: 10
+            }
+        );
+        // Routing again keeps blocks alive; the rest leave after the window.
+        r.record(0, &keys(0..2), t0 + Duration::from_secs(50));
+        let later = r.lookup(&keys(0..10), t0 + Duration::from_secs(61));
+        assert_eq!(
+            later[0],
+            Routed {
+                prompt_blocks: 2,
+                other_blocks: 0
+            }
+        );
+        assert_eq!(later[1], Routed::default());
+        let gone = r.lookup(&keys(0..10), t0 + Duration::from_secs(111));
+        assert_eq!(gone, vec![Routed::default(); 2]);
+    }
+
+    #[test]
+    fn recent_routes_are_bounded_and_can_be_off() {
+        let r = RecentRoutes::new(1, Duration::from_secs(60), 8);
+        let t0 = Instant::now();
+        r.record(0, &keys(0..20), t0);
+        let seen = r.lookup(&keys(0..20), t0)[0];
+        assert_eq!(seen.prompt_blocks, 8, "the newest 8 are kept");
+        assert_eq!(r.lookup(&keys(12..20), t0)[0].prompt_blocks, 8);
+        let off = RecentRoutes::new(1, Duration::ZERO, 8);
+        off.record(0, &keys(0..4), t0);
+        assert_eq!(off.lookup(&keys(0..4), t0), vec![Routed::default()]);
+        // Out-of-range workers are ignored.
+        r.record(5, &keys(0..4), t0);
     }
 }

@@ -3,12 +3,12 @@
 
 use crate::{
     config::{Config, Policy, ScoringConfig},
-    index::Index,
+    index::{Index, WorkerMatch},
     keys::{KeyContext, prompt_keys},
-    load::{LoadTracker, Pending},
+    load::{LoadTracker, LocalLoad, Pending, RecentRoutes, Routed},
     metrics::{Metrics, PickLabels, ReasonLabels},
     prompt::Prompt,
-    scoring::{self, Prediction, Turn, WorkerView},
+    scoring::{self, Prediction, ScrapedLoad, Turn, WorkerView},
     workers::Workers,
 };
 use kvsteer_tokenize::PromptTokenizer;
@@ -18,7 +18,7 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering::Relaxed},
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 /// One model: its tokenizer, key context and workers.
@@ -39,6 +39,7 @@ pub struct Picker {
     pub(crate) workers: Arc<Workers>,
     pub(crate) load: Arc<LoadTracker>,
     pub(crate) metrics: Arc<Metrics>,
+    routes: RecentRoutes,
     counter: AtomicUsize,
 }
 
@@ -131,7 +132,13 @@ impl Picker {
                 (m.name.clone(), model)
             })
             .collect();
+        let routes = RecentRoutes::new(
+            workers.len(),
+            Duration::from_secs(cfg.scoring.route_window_s),
+            ROUTE_ENTRIES,
+        );
         Self {
+            routes,
             policy: cfg.scoring.policy,
             scoring: cfg.scoring.clone(),
             down_after: cfg.scrape.down_after,
@@ -205,8 +212,12 @@ impl Picker {
         };
         let prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
         let mut matches = HashMap::new();
-        if !ids.is_empty() {
-            let keys = prompt_keys(&model.keys, input.cache_salt.as_deref(), &ids);
+        let keys = if ids.is_empty() {
+            Vec::new()
+        } else {
+            prompt_keys(&model.keys, input.cache_salt.as_deref(), &ids)
+        };
+        if !keys.is_empty() {
             match self.index.lookup(&keys).await {
                 Ok(found) => matches.extend(found.into_iter().map(|m| (m.worker, m))),
                 Err(e) => {
@@ -217,6 +228,7 @@ impl Picker {
         }
 
         let loads = self.load.snapshot();
+        let routed = self.routes.lookup(&keys, start);
         let views: Vec<WorkerView> = model
             .workers
             .iter()
@@ -225,20 +237,14 @@ impl Picker {
                     .workers
                     .get(i)
                     .expect("model workers come from the registry");
-                let l = loads.get(i).copied().unwrap_or_default();
-                let (gpu, any) = matches
-                    .get(&w.id)
-                    .map_or((0, 0), |m| (m.gpu_blocks, m.cpu_blocks.max(m.gpu_blocks)));
-                WorkerView {
-                    up: w.cfg.metrics.is_none() || w.health.is_up(self.down_after),
-                    gpu_hit_tokens: gpu.saturating_mul(model.block_size),
-                    cpu_hit_tokens: (any - gpu).saturating_mul(model.block_size),
-                    in_flight: l.in_flight,
-                    unprefilled_tokens: l.unprefilled_tokens,
-                    decoding: l.decoding,
-                    scraped: w.health.load(),
-                    prefill_rate: l.prefill_rate,
-                }
+                worker_view(
+                    w.cfg.metrics.is_none() || w.health.is_up(self.down_after),
+                    matches.get(&w.id),
+                    model.block_size,
+                    &loads.get(i).copied().unwrap_or_default(),
+                    w.health.load(),
+                    routed.get(i).copied().unwrap_or_default(),
+                )
             })
             .collect();
         let counter = match mode {
@@ -290,6 +296,7 @@ impl Picker {
         };
 
         if mode == Mode::Commit {
+            self.routes.record(chosen.worker, &keys, start);
             if !input.request_id.is_empty() {
                 self.load.on_pick(
                     &input.request_id,
@@ -351,6 +358,36 @@ impl Picker {
             .observe(start.elapsed().as_secs_f64());
     }
 }
+
+/// What the picker knows about one worker for one prompt: its health, the
+/// prompt's cached blocks there (`found`, from the index), our in-flight
+/// load and calibrated rate, its last scrape, and what we routed there
+/// recently. The service's picks and the benchmark's build views with this.
+pub fn worker_view(
+    up: bool,
+    found: Option<&WorkerMatch>,
+    block_size: u32,
+    load: &LocalLoad,
+    scraped: Option<ScrapedLoad>,
+    routed: Routed,
+) -> WorkerView {
+    let (gpu, any) = found.map_or((0, 0), |m| (m.gpu_blocks, m.cpu_blocks.max(m.gpu_blocks)));
+    WorkerView {
+        up,
+        gpu_hit_tokens: gpu.saturating_mul(block_size),
+        cpu_hit_tokens: (any - gpu).saturating_mul(block_size),
+        in_flight: load.in_flight,
+        unprefilled_tokens: load.unprefilled_tokens,
+        decoding: load.decoding,
+        scraped,
+        prefill_rate: load.prefill_rate,
+        routed_prompt_tokens: routed.prompt_blocks.saturating_mul(block_size),
+        routed_other_tokens: routed.other_blocks.saturating_mul(u64::from(block_size)),
+    }
+}
+
+/// `(block, worker)` entries the route memory keeps at most (~20 MB).
+pub const ROUTE_ENTRIES: usize = 1 << 18;
 
 /// Prompts larger than this are tokenized off the async path.
 const BLOCKING_TOKENIZE_BYTES: usize = 32 << 10;

@@ -11,7 +11,9 @@
 //! ttft_ms  = max(1000 × queued / rate, 1000 × slots, 1000 × blocks)   (wait for the work ahead)
 //!          + running × decode_ms_per_running (decode steps sharing the batches)
 //!          + 1000 × uncached / rate          (this request's own prefill)
-//! cost_ms  = ttft_ms + 1000 × uncached / rate × congestion_weight × mean backlog   (rank)
+//! evicted  = clamp(routed_other + prompt − route_fill × KV tokens, 0, prompt − routed_prompt)
+//! cost_ms  = ttft_ms + 1000 × uncached / rate × congestion_weight × mean backlog
+//!          + 1000 × evicted / rate                                          (rank)
 //! ```
 //! The queue term takes the larger of our count and the engine's because the
 //! engine's waiting queue contains our requests too (summing would count them
@@ -39,6 +41,19 @@
 //! predicted TTFT; as queues grow a cold placement must save more than the
 //! extra prefill it adds for everyone, so the cache keeps its traffic.
 //! `ttft_ms` stays this request's own prediction (reported, calibrated).
+//!
+//! `evicted` charges what a placement costs the requests that come back:
+//! the KV index shows only what is cached now, so a conversation whose
+//! prefix was just evicted (or is still being prefilled) looks cold
+//! everywhere and would go wherever its first token comes earliest, piling
+//! conversations onto the workers that already hold others. The picker
+//! remembers the prompt blocks it routed to each worker recently
+//! (`load::RecentRoutes`): `routed_other` is that working set minus this
+//! prompt's part, `routed_prompt`. Beyond the cache (× `route_fill`), LRU
+//! evicts the excess, at most what this placement adds to the set, and the
+//! owners prefill it again at this worker's rate. A conversation returning to
+//! the worker it used adds little there; a new one is charged where the
+//! cache is already claimed; with room everywhere the charge is 0.
 
 use super::{ScrapedLoad, WorkerView};
 use crate::config::ScoringConfig;
@@ -58,6 +73,11 @@ pub struct Prediction {
     pub decode_ms: f64,
     pub prefill_ms: f64,
     pub ttft_ms: f64,
+    /// Recently routed tokens of other prompts this placement pushes out of
+    /// the worker's cache.
+    pub evicted_tokens: f64,
+    /// Their prefill again, when their requests come back.
+    pub evict_ms: f64,
 }
 
 impl Prediction {
@@ -68,8 +88,9 @@ impl Prediction {
 
     /// What a placement costs everyone: this request's TTFT plus the delay
     /// its prefill adds to the `backlog` requests that queue behind it.
+    /// and the prefill of other requests' prefixes it evicts.
     pub fn cost_ms(&self, backlog: f64) -> f64 {
-        self.ttft_ms + self.prefill_ms * backlog
+        self.ttft_ms + self.prefill_ms * backlog + self.evict_ms
     }
 }
 
@@ -96,6 +117,9 @@ pub fn predict(cfg: &ScoringConfig, prompt_tokens: u32, w: &WorkerView) -> Predi
     let queue_ms = (1000.0 * queued_tokens / rate).max(wait_ms);
     let decode_ms = running * cfg.decode_ms_per_running;
     let prefill_ms = 1000.0 * uncached_tokens / rate;
+    let evicted_tokens = w.scraped.map_or(0.0, |s| {
+        evicted_tokens(s.kv_capacity_tokens * cfg.route_fill, prompt, w)
+    });
     Prediction {
         queued_tokens,
         uncached_tokens,
@@ -104,7 +128,23 @@ pub fn predict(cfg: &ScoringConfig, prompt_tokens: u32, w: &WorkerView) -> Predi
         decode_ms,
         prefill_ms,
         ttft_ms: queue_ms + decode_ms + prefill_ms,
+        evicted_tokens,
+        evict_ms: 1000.0 * evicted_tokens / rate,
     }
+}
+
+/// The working set a placement pushes out of the cache: the worker must
+/// hold the tokens recently routed to it (`routed_other_tokens`) and this
+/// prompt; what exceeds its KV cache is evicted (LRU), up to the tokens this
+/// placement adds to the set (the prompt's tokens not already routed there).
+/// 0 when the engine does not export its cache size.
+fn evicted_tokens(capacity: f64, prompt: f64, w: &WorkerView) -> f64 {
+    if capacity <= 0.0 {
+        return 0.0;
+    }
+    let added = (prompt - f64::from(w.routed_prompt_tokens)).max(0.0);
+    let over = w.routed_other_tokens as f64 + prompt - capacity;
+    over.clamp(0.0, added)
 }
 
 /// Requests waiting for a running slot (`max_num_seqs`, or KV blocks when
@@ -410,6 +450,59 @@ mod tests {
         assert_eq!(choice_with(&congested, &views(2)), 0);
         // Ranked by this request's TTFT alone, it would spill.
         assert_eq!(choice(&views(2)), 3);
+    }
+
+    /// A worker whose KV cache is full of recently routed prompts: a prompt
+    /// placed there evicts what it adds to that working set, and the
+    /// eviction is charged (not predicted as this request's TTFT).
+    #[test]
+    fn evicting_recently_routed_prompts_is_charged() {
+        let scraped = ScrapedLoad {
+            kv_capacity_tokens: 20_000.0,
+            ..ScrapedLoad::default()
+        };
+        let mut full = cold();
+        full.scraped = Some(scraped);
+        full.routed_other_tokens = 18_000;
+        let p = predict(&cfg(), PROMPT, &full);
+        let over = 18_000.0 + f64::from(PROMPT) - 20_000.0;
+        assert_eq!(p.evicted_tokens, over);
+        assert_eq!(p.evict_ms, 1000.0 * over / RATE);
+        assert_eq!(p.cost_ms(0.0), p.ttft_ms + p.evict_ms);
+        assert_eq!(p.ttft_ms, predict(&cfg(), PROMPT, &cold()).ttft_ms);
+        // Room for it: nothing evicted. At most what the prompt adds.
+        let mut roomy = full;
+        roomy.routed_other_tokens = 10_000;
+        assert_eq!(predict(&cfg(), PROMPT, &roomy).evicted_tokens, 0.0);
+        let mut crammed = full;
+        crammed.routed_other_tokens = 90_000;
+        assert_eq!(
+            predict(&cfg(), PROMPT, &crammed).evicted_tokens,
+            f64::from(PROMPT)
+        );
+        // The prompt was routed there before (its cache since evicted): it
+        // comes back to its own working set, which costs nobody else.
+        let mut home = full;
+        home.routed_prompt_tokens = PROMPT - 800;
+        assert_eq!(predict(&cfg(), PROMPT, &home).evicted_tokens, 800.0);
+        // Cold everywhere: home wins over the full stranger, and an empty
+        // worker wins over both.
+        assert_eq!(choice(&[full, home]), 1);
+        let mut empty = cold();
+        empty.scraped = Some(scraped);
+        assert_eq!(choice(&[full, home, empty]), 2);
+        // Cache size unknown, or the working set allowed to fill less of it.
+        let mut unknown = full;
+        unknown.scraped = Some(ScrapedLoad::default());
+        assert_eq!(predict(&cfg(), PROMPT, &unknown).evicted_tokens, 0.0);
+        let half = ScoringConfig {
+            route_fill: 0.5,
+            ..cfg()
+        };
+        assert_eq!(
+            predict(&half, PROMPT, &roomy).evicted_tokens,
+            10_000.0 + f64::from(PROMPT) - 10_000.0
+        );
     }
 
     #[test]

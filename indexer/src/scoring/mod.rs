@@ -31,6 +31,12 @@ pub struct WorkerView {
     pub scraped: Option<ScrapedLoad>,
     /// Calibrated prefill throughput, tokens/s.
     pub prefill_rate: f64,
+    /// This prompt's tokens we routed to it recently (whole blocks; see
+    /// `load::RecentRoutes`), cached there or not.
+    pub routed_prompt_tokens: u32,
+    /// Other prompts' tokens we routed to it recently: the working set its
+    /// cache would have to hold for those requests' next turns to hit.
+    pub routed_other_tokens: u64,
 }
 
 /// The engine's own view of its load (vLLM gauges).
@@ -159,8 +165,10 @@ pub fn rank(
             let cost = |r: &Ranked| r.prediction.cost_ms(backlog);
             candidates.sort_by(|a, b| cost(a).total_cmp(&cost(b)));
             // Costs within tie_ratio of the best are equally good: the
-            // least loaded of them goes first, equal ones in rotation, so
-            // near-identical calibrated rates don't decide every cold pick.
+            // least loaded of them goes first, then the one with the least
+            // routed to it recently (room for this prompt's next turns),
+            // equal ones in rotation, so near-identical calibrated rates
+            // don't decide every cold pick.
             let best = candidates.first().map_or(0.0, cost);
             let near = candidates
                 .iter()
@@ -170,6 +178,10 @@ pub fn rank(
                 views[a.index]
                     .load()
                     .total_cmp(&views[b.index].load())
+                    .then_with(|| {
+                        let routed = |r: &Ranked| views[r.index].routed_other_tokens;
+                        routed(a).cmp(&routed(b))
+                    })
                     .then_with(|| tie(a).cmp(&tie(b)))
             });
         }
@@ -275,6 +287,17 @@ mod tests {
         // 20 % faster is no tie.
         let views = vec![idle(1000.0), idle(1200.0), idle(1000.0)];
         assert!((0..3).all(|c| order(Policy::Kvsteer, &views, c)[0] == 1));
+    }
+
+    /// Equal predictions and load: the worker with the least routed to it
+    /// recently goes first (room for this prompt's next turns).
+    #[test]
+    fn kvsteer_ties_go_to_the_smaller_working_set() {
+        let mut views = vec![idle(1000.0); 3];
+        views[0].routed_other_tokens = 9_000;
+        views[1].routed_other_tokens = 1_000;
+        views[2].routed_other_tokens = 5_000;
+        assert!((0..3).all(|c| order(Policy::Kvsteer, &views, c) == [1, 2, 0]));
     }
 
     #[test]

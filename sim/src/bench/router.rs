@@ -2,8 +2,9 @@
 //! scoring, driven with virtual timestamps instead of a wall clock.
 //!
 //! A pick does what `kvsteer_indexer::picker::Picker::pick` does after
-//! tokenizing (keys → `Index::lookup` → one `WorkerView` per worker →
-//! `scoring::rank` → `LoadTracker::on_pick`), and a first-token report does
+//! tokenizing (keys → `Index::lookup` and `RecentRoutes::lookup` → one
+//! `WorkerView` per worker from `picker::worker_view` → `scoring::rank` →
+//! `RecentRoutes::record` and `LoadTracker::on_pick`), and a first-token report does
 //! what `Picker::report` does (`on_first_token` → `calibrate` → `set_rate`).
 //! The `Picker` itself cannot be driven here: it tokenizes text (we have
 //! token ids), draws `rand::random()` for the random policy and stamps picks
@@ -16,7 +17,8 @@ use futures::executor::block_on;
 use kvsteer_indexer::config::ScoringConfig;
 use kvsteer_indexer::index::{Index, WorkerMatch};
 use kvsteer_indexer::keys::{KeyContext, prompt_keys};
-use kvsteer_indexer::load::{LoadTracker, Pending};
+use kvsteer_indexer::load::{LoadTracker, Pending, RecentRoutes};
+use kvsteer_indexer::picker::{ROUTE_ENTRIES, worker_view};
 use kvsteer_indexer::scoring::{self, HistogramMean, Prediction, ScrapedLoad, Turn, WorkerView};
 use kvsteer_kv_events::decode_batch;
 use rand::{RngCore, SeedableRng};
@@ -38,6 +40,7 @@ pub struct VirtualRouter {
     block_size: u32,
     index: Index,
     load: LoadTracker,
+    routes: RecentRoutes,
     base: Instant,
     counter: usize,
     rng: ChaCha8Rng,
@@ -81,6 +84,11 @@ impl VirtualRouter {
         let ttl = Duration::from_secs(scoring.in_flight_ttl_s);
         Self {
             load: LoadTracker::new(workers, scoring.prefill_rate_prior, ttl),
+            routes: RecentRoutes::new(
+                workers,
+                Duration::from_secs(scoring.route_window_s),
+                ROUTE_ENTRIES,
+            ),
             policy,
             scoring,
             keys: KeyContext::new(MODEL, None, block_size),
@@ -111,27 +119,25 @@ impl VirtualRouter {
             // but would degrade to "no matches" like the service.
             block_on(self.index.lookup(&keys)).unwrap_or_default()
         };
-        let mut gpu_blocks = vec![(0u32, 0u32); n];
-        for m in &matches {
-            if let Some(slot) = gpu_blocks.get_mut(m.worker as usize) {
-                *slot = (m.gpu_blocks, m.cpu_blocks.max(m.gpu_blocks));
+        let mut found: Vec<Option<WorkerMatch>> = vec![None; n];
+        for m in matches {
+            if let Some(slot) = found.get_mut(m.worker as usize) {
+                *slot = Some(m);
             }
         }
         let loads = self.load.snapshot();
+        let at = self.instant(now);
+        let routed = self.routes.lookup(&keys, at);
         let views: Vec<WorkerView> = (0..n)
             .map(|w| {
-                let l = loads[w];
-                let (gpu, any) = gpu_blocks[w];
-                WorkerView {
-                    up: true,
-                    gpu_hit_tokens: gpu.saturating_mul(self.block_size),
-                    cpu_hit_tokens: (any - gpu).saturating_mul(self.block_size),
-                    in_flight: l.in_flight,
-                    unprefilled_tokens: l.unprefilled_tokens,
-                    decoding: l.decoding,
-                    scraped: self.scraped[w],
-                    prefill_rate: l.prefill_rate,
-                }
+                worker_view(
+                    true,
+                    found[w].as_ref(),
+                    self.block_size,
+                    &loads[w],
+                    self.scraped[w],
+                    routed[w],
+                )
             })
             .collect();
         let turn = Turn {
@@ -147,9 +153,11 @@ impl VirtualRouter {
                     .map_or(0, |r| r.index)
             }
             BenchPolicy::DynamoLike => {
-                let peer: Vec<PeerView> = gpu_blocks
+                let peer: Vec<PeerView> = found
                     .iter()
-                    .map(|&(g, _)| PeerView { cached_blocks: g })
+                    .map(|m| PeerView {
+                        cached_blocks: m.as_ref().map_or(0, |m| m.gpu_blocks),
+                    })
                     .collect();
                 self.dynamo
                     .choose(prompt_tokens, self.block_size, &keys, &peer, tie)
@@ -164,17 +172,17 @@ impl VirtualRouter {
                 prompt_tokens,
                 self.block_size,
                 keys,
-                gpu_blocks[worker].0,
+                found[worker].as_ref().map_or(0, |m| m.gpu_blocks),
             ),
             BenchPolicy::SglangLike => self.sglang.on_pick(id, worker, &keys),
-            BenchPolicy::Indexer(_) => {}
+            BenchPolicy::Indexer(_) => self.routes.record(worker, &keys, at),
         }
         self.load.on_pick(
             &id.to_string(),
             Pending {
                 worker,
                 prediction,
-                picked_at: self.instant(now),
+                picked_at: at,
                 first_token_at: None,
                 tenant: "bench".to_owned(),
                 policy: self.policy.name(),
