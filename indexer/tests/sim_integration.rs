@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Admin, BLOCK, MODEL, eventually, shared, stored};
+use common::{Admin, BLOCK, MODEL, eventually, free_port, shared, stored};
 use kvsteer_indexer::{app, config::Config};
 use kvsteer_kv_events::{
     EventBatch,
@@ -258,38 +258,6 @@ streams:
 
 // === against the kvsteer-sim engine ===
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn start_sim(
-    listen: std::net::SocketAddr,
-    kv: &str,
-    replay: &str,
-) -> Result<kvsteer_sim::server::ServerHandle, kvsteer_sim::server::ServerError> {
-    use kvsteer_sim::{engine::EngineConfig, profile::TimingProfile, server};
-    let engine = EngineConfig::new(TimingProfile::by_name("test").unwrap());
-    server::ServerHandle::start(server::ServerConfig {
-        listen,
-        served_model_name: MODEL.into(),
-        tokenizer_dir: shared().join("tokenizers/qwen3"),
-        kv_events: Some(PublisherConfig {
-            pub_endpoint: kv.into(),
-            replay_endpoint: Some(replay.into()),
-            topic: format!("kv@{listen}@{MODEL}"),
-            ..Default::default()
-        }),
-        engine,
-        time_scale: 50.0,
-        worker_id: listen.to_string(),
-    })
-    .await
-}
-
 async fn chat(admin: &Admin, engine: std::net::SocketAddr, body: &Value) -> Value {
     let sim = Admin {
         base: format!("http://{engine}"),
@@ -322,7 +290,7 @@ async fn sim_engines_conversation_and_restart() {
             let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
             let kv = format!("tcp://127.0.0.1:{}", free_port());
             let replay = format!("tcp://127.0.0.1:{}", free_port());
-            match start_sim(addr, &kv, &replay).await {
+            match common::Sim::try_start(addr, &kv, &replay).await {
                 Ok(sim) => {
                     sims.push(sim);
                     addrs.push(addr);
@@ -405,7 +373,9 @@ async fn sim_engines_conversation_and_restart() {
     let old = sims.pop().unwrap();
     old.shutdown().await;
     let restarted = eventually("w2 engine restarted on its ports", || async {
-        start_sim(addrs[1], &zmq[1].0, &zmq[1].1).await.ok()
+        common::Sim::try_start(addrs[1], &zmq[1].0, &zmq[1].1)
+            .await
+            .ok()
     })
     .await;
     // Each ping is a new prompt, so each produces new blocks (and a batch).

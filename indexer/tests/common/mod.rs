@@ -135,7 +135,9 @@ pub struct Sim {
 }
 
 impl Sim {
-    async fn try_start(
+    /// An engine (test profile, time scale 50) on `listen`, publishing its
+    /// KV events on `kv` and replaying on `replay`.
+    pub async fn try_start(
         listen: std::net::SocketAddr,
         kv: &str,
         replay: &str,
