@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::{Admin, BLOCK, MODEL, Sim, eventually, shared};
+use common::{Admin, BLOCK, MODEL, Sim, eventually, pick_request, shared};
 use kvsteer_indexer::{
     app::{self, Running},
     config::Config,
@@ -340,28 +340,6 @@ async fn replicas_share_leases_fail_over_and_start_warm() {
     survivor.shutdown().await;
     for s in sims {
         s.shutdown().await;
-    }
-}
-
-fn pick_request(id: &str, turn: &Value) -> pb::PickRequest {
-    let messages = turn["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| pb::ChatMessage {
-            role: m["role"].as_str().unwrap().into(),
-            content: Some(pb::chat_message::Content::Text(
-                m["content"].as_str().unwrap().into(),
-            )),
-            ..Default::default()
-        })
-        .collect();
-    pb::PickRequest {
-        request_id: id.into(),
-        model: MODEL.into(),
-        api: pb::ApiKind::Chat as i32,
-        messages,
-        ..Default::default()
     }
 }
 

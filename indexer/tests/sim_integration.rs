@@ -137,26 +137,8 @@ streams:
         .await
         .expect("grpc connect");
     let mut client = pb::router_client::RouterClient::new(channel);
-    let messages = turn2["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| pb::ChatMessage {
-            role: m["role"].as_str().unwrap().into(),
-            content: Some(pb::chat_message::Content::Text(
-                m["content"].as_str().unwrap().into(),
-            )),
-            ..Default::default()
-        })
-        .collect();
     let picked = client
-        .pick(pb::PickRequest {
-            request_id: "r-1".into(),
-            model: MODEL.into(),
-            api: pb::ApiKind::Chat as i32,
-            messages,
-            ..Default::default()
-        })
+        .pick(common::pick_request("r-1", &turn2))
         .await
         .expect("pick")
         .into_inner();

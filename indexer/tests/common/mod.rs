@@ -226,3 +226,26 @@ impl Sim {
         self.handle.shutdown().await;
     }
 }
+
+/// A gRPC `Pick` for an OpenAI chat body whose messages are plain text.
+pub fn pick_request(id: &str, turn: &Value) -> kvsteer_proto::v1::PickRequest {
+    let messages = turn["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| kvsteer_proto::v1::ChatMessage {
+            role: m["role"].as_str().unwrap().into(),
+            content: Some(kvsteer_proto::v1::chat_message::Content::Text(
+                m["content"].as_str().unwrap().into(),
+            )),
+            ..Default::default()
+        })
+        .collect();
+    kvsteer_proto::v1::PickRequest {
+        request_id: id.into(),
+        model: MODEL.into(),
+        api: kvsteer_proto::v1::ApiKind::Chat as i32,
+        messages,
+        ..Default::default()
+    }
+}
