@@ -9,7 +9,9 @@ cd "$KVSTEER_ROOT"
 
 ensure_local_layout_tools
 build_all release
-RUST_LOG=warn start_local_layout test 1 roundrobin
+# KV caches large enough for every session on every worker: both targets
+# then see the same cache state and only the proxy path differs.
+KVSTEER_SIM_ARGS="--num-gpu-blocks 32768" RUST_LOG=warn start_local_layout test 1 roundrobin
 "$KVSTEER_BIN/kvsteer-sim" overhead --kvsteer http://127.0.0.1:8080 --baseline http://127.0.0.1:8081 \
   --model "$KVSTEER_MODEL" "$@"
 stop_local_layout

@@ -111,6 +111,7 @@ wait_http() {
 # start_local_layout PROFILE TIME_SCALE [roundrobin]: three simulated workers,
 # the indexer and Envoy with kvsteer (and, with "roundrobin", the plain
 # round-robin Envoy on 127.0.0.1:8081 as well). Logs go to .demo/.
+# KVSTEER_SIM_ARGS: extra arguments for each `kvsteer-sim engine`.
 start_local_layout() {
   local profile=$1 scale=$2 extra=${3:-} i
   ensure_apt curl:curl
@@ -121,7 +122,8 @@ start_local_layout() {
     "$KVSTEER_BIN/kvsteer-sim" engine --listen "127.0.0.1:800$i" --served-model-name "$KVSTEER_MODEL" \
       --tokenizer .cache/tokenizers/qwen3 \
       --kv-events-endpoint "tcp://127.0.0.1:555$((6 + i))" --replay-endpoint "tcp://127.0.0.1:556$((6 + i))" \
-      --profile "$profile" --time-scale "$scale" --seed "$i" --worker-id "w$i" >"$KVSTEER_RUN/sim-w$i.log" 2>&1 &
+      --profile "$profile" --time-scale "$scale" --seed "$i" --worker-id "w$i" ${KVSTEER_SIM_ARGS:-} \
+      >"$KVSTEER_RUN/sim-w$i.log" 2>&1 &
     KVSTEER_PIDS+=($!)
   done
   for i in 1 2 3; do wait_http "http://127.0.0.1:800$i/health" "worker w$i"; done

@@ -7,108 +7,25 @@
 
 use kvsteer_indexer::{
     app::build_picker,
-    config::Config,
     picker::{Mode, PickInput},
     prompt::Prompt,
     report::ReportKind,
 };
-use kvsteer_kv_events::{BlockHash, BlockStored, EventBatch, KvEvent};
-use kvsteer_tokenize::{ChatMessage, ChatRequest, Content, PromptTokenizer};
+use kvsteer_tokenize::{ChatRequest, PromptTokenizer};
 use prometheus_client::registry::Registry;
-use rand::{Rng, SeedableRng, rngs::SmallRng};
+use rand::{SeedableRng, rngs::SmallRng};
 use std::{
     collections::HashMap,
-    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-const MODEL: &str = "Qwen/Qwen3-8B";
-const WORDS: &[&str] = &[
-    "the", "request", "worker", "cache", "prefix", "token", "latency", "queue", "engine", "router",
-    "block", "index", "memory", "schedule", "batch", "decode", "prefill", "model", "error",
-    "retry", "kernel", "thread", "buffer", "stream", "offset", "value", "result", "function",
-    "return", "struct", "trait", "async", "await", "future", "lock", "atomic",
-];
-
-fn shared() -> PathBuf {
-    std::env::var_os("KVSTEER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")))
-}
-
-fn text(rng: &mut SmallRng, words: usize) -> String {
-    let mut s = String::with_capacity(words * 7);
-    for i in 0..words {
-        if i > 0 {
-            s.push(if i % 17 == 0 { '\n' } else { ' ' });
-        }
-        s.push_str(WORDS[rng.random_range(0..WORDS.len())]);
-    }
-    s
-}
-
-fn msg(role: &str, content: String) -> ChatMessage {
-    ChatMessage {
-        role: role.into(),
-        content: Content::Text(content),
-        ..Default::default()
-    }
-}
-
-/// A conversation of ~`tokens` prompt tokens, ending with a user turn.
-fn conversation(tok: &PromptTokenizer, rng: &mut SmallRng, tokens: usize) -> ChatRequest {
-    let mut req = ChatRequest {
-        messages: vec![msg("system", "You are a careful coding assistant.".into())],
-        ..Default::default()
-    };
-    let per_turn = (tokens / 8).clamp(100, 2000);
-    loop {
-        req.messages.push(msg("user", text(rng, per_turn / 2)));
-        let n = tok.chat_token_ids(&req).unwrap().len();
-        if n >= tokens {
-            return req;
-        }
-        req.messages.push(msg("assistant", text(rng, per_turn / 2)));
-    }
-}
-
-fn stored(ids: &[u32], first_hash: u64) -> EventBatch {
-    let full = ids.len() / 16 * 16;
-    EventBatch {
-        ts: 0.0,
-        events: vec![KvEvent::BlockStored(BlockStored {
-            block_hashes: (0..full as u64 / 16)
-                .map(|i| BlockHash::U64(first_hash + i))
-                .collect(),
-            token_ids: ids[..full].to_vec(),
-            block_size: 16,
-            medium: Some("GPU".into()),
-            ..Default::default()
-        })],
-        data_parallel_rank: None,
-    }
-}
-
-/// p50, p90, p99.
-fn percentiles(mut v: Vec<Duration>) -> [Duration; 3] {
-    v.sort_unstable();
-    [50, 90, 99].map(|p| v[(v.len() * p / 100).min(v.len() - 1)])
-}
+mod common;
+use common::{MODEL, config, conversation, msg, percentiles, shared, stored, text};
 
 fn main() {
     let dir = shared().join("tokenizers/qwen3");
-    let cfg = Config::from_yaml(&format!(
-        "models: [{{name: {MODEL}, tokenizer: {}}}]\nworkers:\n{}",
-        dir.display(),
-        (1..=8)
-            .map(|i| format!(
-                "  - {{name: w{i}, endpoint: 127.0.0.1:{}, model: {MODEL}}}\n",
-                8000 + i
-            ))
-            .collect::<String>()
-    ))
-    .unwrap();
+    let cfg = config(8, "");
     let tok = Arc::new(PromptTokenizer::from_dir(&dir).unwrap());
     let mut tokenizers = HashMap::new();
     tokenizers.insert(MODEL.to_owned(), tok.clone());

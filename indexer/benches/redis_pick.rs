@@ -6,13 +6,16 @@
 //! (the raw Redis lookup, every call a round trip), `redis-cached` (the
 //! service's path: the hot cache in front of the pipeline lookup, default
 //! 250 ms TTL; the same prompt repeated, so nearly every call is a hit; its
-//! hit rate is printed).
+//! hit rate is printed). Then whole picks (tokenize → keys → lookup →
+//! score) of the next turn of an 8k-token conversation on a memory index
+//! and on the service's Redis index, where the new turn misses the hot cache.
 //!
 //! `cargo bench -p kvsteer-indexer --bench redis_pick` (needs `redis-server`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvsteer_indexer::app::{build_index, build_picker_on};
 use kvsteer_indexer::index::memory::MemoryBackend;
 use kvsteer_indexer::index::redis::cache::{CachedLookups, HotCache};
 use kvsteer_indexer::index::redis::metrics::CacheResult;
@@ -20,8 +23,17 @@ use kvsteer_indexer::index::redis::testing::RedisServer;
 use kvsteer_indexer::index::redis::{LookupMode, RedisBackend, RedisConfig, RedisMetrics};
 use kvsteer_indexer::index::{IndexBackend, KeyOp, Tier, WorkerId};
 use kvsteer_indexer::keys::{BlockKey, KeyContext, prompt_keys};
+use kvsteer_indexer::picker::{Mode, PickInput};
+use kvsteer_indexer::prompt::Prompt;
+use kvsteer_indexer::report::ReportKind;
+use kvsteer_tokenize::PromptTokenizer;
+use prometheus_client::registry::Registry;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+
+mod common;
+use common::{MODEL, config, conversation, msg, percentiles, shared, stored, text};
 
 const WORKERS: u32 = 8;
 const BLOCK: u32 = 16;
@@ -31,6 +43,7 @@ const NOISE_BLOCKS: usize = 20_000;
 /// Blocks per apply call (one `BlockStored` of a 1k-token prefill).
 const BATCH: usize = 64;
 const LOOKUPS: usize = 2_000;
+const PICKS: usize = 500;
 
 fn tokens(rng: &mut SmallRng, n: usize) -> Vec<u32> {
     (0..n).map(|_| rng.random_range(0..150_000)).collect()
@@ -38,12 +51,6 @@ fn tokens(rng: &mut SmallRng, n: usize) -> Vec<u32> {
 
 fn adds(keys: &[BlockKey]) -> Vec<KeyOp> {
     keys.iter().map(|k| KeyOp::Add(*k, Tier::Gpu)).collect()
-}
-
-/// p50, p90, p99.
-fn percentiles(mut v: Vec<Duration>) -> [Duration; 3] {
-    v.sort_unstable();
-    [50, 90, 99].map(|p| v[(v.len() * p / 100).min(v.len() - 1)])
 }
 
 /// Ingest `NOISE_BLOCKS` per worker in `BATCH`-block applies, workers in
@@ -272,5 +279,60 @@ async fn run() {
                 "  {label:<13} {name:<15} {p50:>10.3?} {p90:>10.3?} {p99:>10.3?}   ({server}best match {best} blocks, {errors} errors)"
             );
         }
+    }
+    picks(&server).await;
+}
+
+/// Whole picks (tokenize → keys → lookup → score) of the next turn of an
+/// 8k-token conversation whose previous turn is indexed on one worker: the
+/// memory index against the service's Redis index (hot cache in front; each
+/// turn is a new prompt, so every lookup goes to Redis).
+async fn picks(server: &RedisServer) {
+    let redis_index = format!(
+        "index:\n  backend: redis\n  redis_url: {}\n  redis:\n    key_prefix: kvpickbench\n    lookup_timeout_ms: 1000\n",
+        server.url()
+    );
+    let tok = Arc::new(
+        PromptTokenizer::from_dir(&shared().join("tokenizers/qwen3")).expect("Qwen3 tokenizer"),
+    );
+    let mut rng = SmallRng::seed_from_u64(9);
+    let prev = conversation(&tok, &mut rng, PROMPT_TOKENS);
+    let ids = tok.chat_token_ids(&prev).expect("tokenize");
+    println!(
+        "pick of the next turn of a {}-token conversation (previous turn indexed on w3), {WORKERS} workers, {PICKS} picks: p50 p90 p99",
+        ids.len()
+    );
+    for (name, extra) in [("memory", String::new()), ("redis", redis_index)] {
+        let cfg = config(WORKERS as usize, &extra);
+        let mut registry = Registry::default();
+        let (index, _) = build_index(&cfg, &mut registry).await.expect("index");
+        let tokenizers = HashMap::from([(MODEL.to_owned(), tok.clone())]);
+        let (picker, _, index, _) = build_picker_on(&cfg, tokenizers, &mut registry, index);
+        index.apply_batch(2, &stored(&ids, 1)).await;
+        let mut took = Vec::with_capacity(PICKS);
+        let (mut matched, mut degraded) = (0, 0);
+        for i in 0..PICKS {
+            let mut next = prev.clone();
+            next.messages.push(msg("assistant", text(&mut rng, 40)));
+            next.messages.push(msg("user", text(&mut rng, 30)));
+            let id = format!("{name}-{i}");
+            let input = PickInput {
+                request_id: id.clone(),
+                tenant: String::new(),
+                model: MODEL.into(),
+                prompt: Ok(Prompt::Chat(next)),
+                cache_salt: None,
+            };
+            let start = Instant::now();
+            let out = picker.pick(input, Mode::Commit).await;
+            took.push(start.elapsed());
+            matched = out.decision.matched_tokens;
+            degraded += u32::from(out.decision.degraded);
+            picker.report(&id, ReportKind::Done, 0.0, Instant::now());
+        }
+        let [p50, p90, p99] = percentiles(took);
+        println!(
+            "  {name:<8} {p50:>10.3?} {p90:>10.3?} {p99:>10.3?}   ({matched} tokens matched, {degraded} degraded)"
+        );
     }
 }

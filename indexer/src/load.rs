@@ -9,6 +9,7 @@
 //! `route_window_s`: each worker's working set as the router sees it, whether
 //! or not the engine still caches (or already caches) those blocks.
 
+use crate::index::memory::MixState;
 use crate::keys::BlockKey;
 use crate::scoring::Prediction;
 use parking_lot::Mutex;
@@ -189,13 +190,16 @@ pub struct Routed {
 }
 
 struct RoutesInner {
-    /// Last time each (block, worker) was routed.
-    last: HashMap<(BlockKey, usize), Instant>,
+    /// Per block, the last time it was routed to each worker (indexed by
+    /// worker): one hash lookup per block answers for every worker.
+    last: HashMap<BlockKey, Box<[Option<Instant>]>, MixState>,
     /// Routing order, for expiry; stale entries (routed again since) are
     /// skipped when they come out.
     order: VecDeque<(Instant, BlockKey, usize)>,
-    /// Entries of `last` per worker.
+    /// Live (block, worker) entries per worker.
     blocks: Vec<u64>,
+    /// Live (block, worker) entries in all.
+    entries: usize,
 }
 
 // === impl RecentRoutes ===
@@ -207,9 +211,10 @@ impl RecentRoutes {
             window,
             capacity,
             inner: Mutex::new(RoutesInner {
-                last: HashMap::new(),
+                last: HashMap::with_hasher(MixState),
                 order: VecDeque::new(),
                 blocks: vec![0; workers],
+                entries: 0,
             }),
         }
     }
@@ -220,14 +225,25 @@ impl RecentRoutes {
             return;
         }
         let mut inner = self.inner.lock();
-        if worker >= inner.blocks.len() {
+        let workers = inner.blocks.len();
+        if worker >= workers {
             return;
         }
+        let RoutesInner {
+            last,
+            order,
+            blocks,
+            entries,
+        } = &mut *inner;
         for &key in keys {
-            if inner.last.insert((key, worker), now).is_none() {
-                inner.blocks[worker] += 1;
+            let slots = last
+                .entry(key)
+                .or_insert_with(|| vec![None; workers].into_boxed_slice());
+            if slots[worker].replace(now).is_none() {
+                blocks[worker] += 1;
+                *entries += 1;
             }
-            inner.order.push_back((now, key, worker));
+            order.push_back((now, key, worker));
         }
         inner.expire(now.checked_sub(self.window), self.capacity);
     }
@@ -236,22 +252,23 @@ impl RecentRoutes {
     /// within the window.
     pub fn lookup(&self, keys: &[BlockKey], now: Instant) -> Vec<Routed> {
         let mut inner = self.inner.lock();
+        let mut seen = vec![Routed::default(); inner.blocks.len()];
         if self.window.is_zero() {
-            return vec![Routed::default(); inner.blocks.len()];
+            return seen;
         }
         inner.expire(now.checked_sub(self.window), self.capacity);
-        (0..inner.blocks.len())
-            .map(|w| {
-                let mut prompt = 0u32;
-                for &key in keys {
-                    prompt += u32::from(inner.last.contains_key(&(key, w)));
-                }
-                Routed {
-                    prompt_blocks: prompt,
-                    other_blocks: inner.blocks[w].saturating_sub(u64::from(prompt)),
-                }
-            })
-            .collect()
+        for key in keys {
+            let Some(slots) = inner.last.get(key) else {
+                continue;
+            };
+            for (routed, slot) in seen.iter_mut().zip(slots.iter()) {
+                routed.prompt_blocks += u32::from(slot.is_some());
+            }
+        }
+        for (routed, &blocks) in seen.iter_mut().zip(&inner.blocks) {
+            routed.other_blocks = blocks.saturating_sub(u64::from(routed.prompt_blocks));
+        }
+        seen
     }
 }
 
@@ -260,13 +277,21 @@ impl RoutesInner {
     fn expire(&mut self, cutoff: Option<Instant>, capacity: usize) {
         while let Some(&(at, key, worker)) = self.order.front() {
             let old = cutoff.is_some_and(|c| at < c);
-            if !old && self.last.len() <= capacity && self.order.len() <= 2 * capacity.max(1) {
+            if !old && self.entries <= capacity && self.order.len() <= 2 * capacity.max(1) {
                 break;
             }
             self.order.pop_front();
-            if self.last.get(&(key, worker)) == Some(&at) {
-                self.last.remove(&(key, worker));
-                self.blocks[worker] = self.blocks[worker].saturating_sub(1);
+            let Some(slots) = self.last.get_mut(&key) else {
+                continue;
+            };
+            if slots[worker] != Some(at) {
+                continue;
+            }
+            slots[worker] = None;
+            self.blocks[worker] = self.blocks[worker].saturating_sub(1);
+            self.entries -= 1;
+            if slots.iter().all(Option::is_none) {
+                self.last.remove(&key);
             }
         }
     }

@@ -389,8 +389,11 @@ pub fn worker_view(
 /// `(block, worker)` entries the route memory keeps at most (~20 MB).
 pub const ROUTE_ENTRIES: usize = 1 << 18;
 
-/// Prompts larger than this are tokenized off the async path.
-const BLOCKING_TOKENIZE_BYTES: usize = 32 << 10;
+/// Prompts larger than this (about 32k tokens, ~10 ms to encode cold) are
+/// tokenized under `block_in_place`. Smaller ones stay on the task: a cold
+/// encode is a few ms at most, a warm one (segment cache) tens of µs, and
+/// the hand-off of the runtime thread costs a wakeup on every pick.
+const BLOCKING_TOKENIZE_BYTES: usize = 128 << 10;
 
 fn encode(tok: &PromptTokenizer, prompt: &Prompt) -> Result<Vec<u32>, String> {
     match prompt {

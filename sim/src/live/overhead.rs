@@ -26,15 +26,21 @@ pub struct OverheadArgs {
     /// Approximate prompt sizes to measure, in tokens.
     #[arg(long, value_delimiter = ',', default_values_t = [1000u32, 8000])]
     pub prompt_tokens: Vec<u32>,
-    /// Requests per second, both targets together.
-    #[arg(long, default_value_t = 10.0)]
-    pub rate: f64,
+    /// Request rates to measure, requests per second, both targets together.
+    /// At low rates the machine idles between requests and every hop of the
+    /// path runs with cold CPU caches; higher rates show the warm path.
+    #[arg(long = "rate", value_delimiter = ',', default_values_t = [10.0f64, 50.0, 100.0])]
+    pub rates: Vec<f64>,
     /// Requests per target and prompt size.
     #[arg(long, default_value_t = 200)]
     pub requests: usize,
     /// Conversations the requests of one size are spread over.
     #[arg(long, default_value_t = 8)]
     pub sessions: usize,
+    /// Warm-up requests per session and target before measuring (at least
+    /// the number of workers, so round robin has warmed every worker).
+    #[arg(long, default_value_t = 4)]
+    pub warm_rounds: usize,
 }
 
 /// Latency percentiles of one target for one prompt size, milliseconds.
@@ -100,6 +106,7 @@ fn percentiles(mut v: Vec<f64>, failed: usize) -> Percentiles {
 pub async fn measure(
     args: &OverheadArgs,
     client: &reqwest::Client,
+    rate: f64,
     tokens: u32,
 ) -> (Percentiles, Percentiles) {
     let targets = [
@@ -112,13 +119,17 @@ pub async fn measure(
     let contexts: Vec<String> = (0..args.sessions.max(1))
         .map(|s| context(s + tokens as usize, tokens))
         .collect();
-    // Warm both paths once per session (tokenizer caches, connections).
-    for (s, ctx) in contexts.iter().enumerate() {
-        for t in &targets {
-            let _ = timed(client, t, &body(&args.model, ctx, s)).await;
+    // Warm both paths (tokenizer caches, connections, and every worker's
+    // KV cache: round robin spreads each session over all workers, so one
+    // request per session would leave the baseline with cold prefills).
+    for round in 0..args.warm_rounds.max(1) {
+        for (s, ctx) in contexts.iter().enumerate() {
+            for t in &targets {
+                let _ = timed(client, t, &body(&args.model, ctx, s + round)).await;
+            }
         }
     }
-    let interval = Duration::from_secs_f64(1.0 / args.rate.max(0.1));
+    let interval = Duration::from_secs_f64(1.0 / rate.max(0.1));
     let start = tokio::time::Instant::now();
     let mut tasks = Vec::with_capacity(2 * args.requests);
     for i in 0..2 * args.requests {
@@ -148,11 +159,12 @@ pub async fn run(args: &OverheadArgs) -> anyhow::Result<()> {
         .timeout(Duration::from_secs(60))
         .build()?;
     println!(
-        "{} requests per target and size at {} req/s, alternating between\n  kvsteer:  {}\n  baseline: {}\n",
-        args.requests, args.rate, args.kvsteer, args.baseline
+        "{} requests per target, size and rate, alternating between\n  kvsteer:  {}\n  baseline: {}\n",
+        args.requests, args.kvsteer, args.baseline
     );
     println!(
-        "{:>7}  {:>12} {:>12}  {:>12} {:>12}  {:>10} {:>10}  {:>6}",
+        "{:>6}  {:>7}  {:>12} {:>12}  {:>12} {:>12}  {:>10} {:>10}  {:>6}",
+        "req/s",
         "tokens",
         "kvsteer p50",
         "kvsteer p99",
@@ -162,19 +174,22 @@ pub async fn run(args: &OverheadArgs) -> anyhow::Result<()> {
         "added p99",
         "failed"
     );
-    for &tokens in &args.prompt_tokens {
-        let (k, b) = measure(args, &client, tokens).await;
-        println!(
-            "{:>7}  {:>9.2} ms {:>9.2} ms  {:>9.2} ms {:>9.2} ms  {:>7.2} ms {:>7.2} ms  {:>6}",
-            tokens,
-            k.p50,
-            k.p99,
-            b.p50,
-            b.p99,
-            k.p50 - b.p50,
-            k.p99 - b.p99,
-            k.failed + b.failed
-        );
+    for &rate in &args.rates {
+        for &tokens in &args.prompt_tokens {
+            let (k, b) = measure(args, &client, rate, tokens).await;
+            println!(
+                "{:>6}  {:>7}  {:>9.2} ms {:>9.2} ms  {:>9.2} ms {:>9.2} ms  {:>7.2} ms {:>7.2} ms  {:>6}",
+                rate,
+                tokens,
+                k.p50,
+                k.p99,
+                b.p50,
+                b.p99,
+                k.p50 - b.p50,
+                k.p99 - b.p99,
+                k.failed + b.failed
+            );
+        }
     }
     Ok(())
 }
