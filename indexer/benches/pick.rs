@@ -5,12 +5,7 @@
 //!
 //! `cargo bench -p kvsteer-indexer --bench pick`
 
-use kvsteer_indexer::{
-    app::build_picker,
-    picker::{Mode, PickInput},
-    prompt::Prompt,
-    report::ReportKind,
-};
+use kvsteer_indexer::{app::build_picker, picker::Mode, report::ReportKind};
 use kvsteer_tokenize::{ChatRequest, PromptTokenizer};
 use prometheus_client::registry::Registry;
 use rand::{SeedableRng, rngs::SmallRng};
@@ -21,7 +16,7 @@ use std::{
 };
 
 mod common;
-use common::{MODEL, config, conversation, msg, percentiles, shared, stored, text};
+use common::{MODEL, chat_input, config, conversation, next_turn, percentiles, shared, stored};
 
 fn main() {
     let dir = shared().join("tokenizers/qwen3");
@@ -39,13 +34,7 @@ fn main() {
     let mut pick = |req: ChatRequest| {
         seq += 1;
         let id = format!("r{seq}");
-        let input = PickInput {
-            request_id: id.clone(),
-            tenant: String::new(),
-            model: MODEL.into(),
-            prompt: Ok(Prompt::Chat(req)),
-            cache_salt: None,
-        };
+        let input = chat_input(id.clone(), req);
         let start = Instant::now();
         let out = rt.block_on(picker.pick(input, Mode::Commit));
         let took = start.elapsed();
@@ -82,10 +71,7 @@ fn main() {
         let mut matched = 0;
         let warm: Vec<Duration> = (0..warm_n)
             .map(|_| {
-                let mut next = prev.clone();
-                next.messages.push(msg("assistant", text(&mut rng, 40)));
-                next.messages.push(msg("user", text(&mut rng, 30)));
-                let (took, out) = pick(next);
+                let (took, out) = pick(next_turn(&prev, &mut rng));
                 matched = out.decision.matched_tokens;
                 took
             })

@@ -23,8 +23,7 @@ use kvsteer_indexer::index::redis::testing::RedisServer;
 use kvsteer_indexer::index::redis::{LookupMode, RedisBackend, RedisConfig, RedisMetrics};
 use kvsteer_indexer::index::{IndexBackend, KeyOp, Tier, WorkerId};
 use kvsteer_indexer::keys::{BlockKey, KeyContext, prompt_keys};
-use kvsteer_indexer::picker::{Mode, PickInput};
-use kvsteer_indexer::prompt::Prompt;
+use kvsteer_indexer::picker::Mode;
 use kvsteer_indexer::report::ReportKind;
 use kvsteer_tokenize::PromptTokenizer;
 use prometheus_client::registry::Registry;
@@ -33,7 +32,7 @@ use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 
 mod common;
-use common::{MODEL, config, conversation, msg, percentiles, shared, stored, text};
+use common::{MODEL, chat_input, config, conversation, next_turn, percentiles, shared, stored};
 
 const WORKERS: u32 = 8;
 const BLOCK: u32 = 16;
@@ -312,17 +311,8 @@ async fn picks(server: &RedisServer) {
         let mut took = Vec::with_capacity(PICKS);
         let (mut matched, mut degraded) = (0, 0);
         for i in 0..PICKS {
-            let mut next = prev.clone();
-            next.messages.push(msg("assistant", text(&mut rng, 40)));
-            next.messages.push(msg("user", text(&mut rng, 30)));
             let id = format!("{name}-{i}");
-            let input = PickInput {
-                request_id: id.clone(),
-                tenant: String::new(),
-                model: MODEL.into(),
-                prompt: Ok(Prompt::Chat(next)),
-                cache_salt: None,
-            };
+            let input = chat_input(id.clone(), next_turn(&prev, &mut rng));
             let start = Instant::now();
             let out = picker.pick(input, Mode::Commit).await;
             took.push(start.elapsed());

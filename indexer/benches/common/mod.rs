@@ -3,7 +3,7 @@
 
 #![allow(dead_code)] // each benchmark uses a subset
 
-use kvsteer_indexer::config::Config;
+use kvsteer_indexer::{config::Config, picker::PickInput, prompt::Prompt};
 use kvsteer_kv_events::{BlockHash, BlockStored, EventBatch, KvEvent};
 use kvsteer_tokenize::{ChatMessage, ChatRequest, Content, PromptTokenizer};
 use rand::{Rng, rngs::SmallRng};
@@ -97,4 +97,23 @@ pub fn config(workers: usize, extra: &str) -> Config {
             .collect::<String>()
     ))
     .expect("benchmark config")
+}
+
+/// The next turn of `prev`: an answer and a new user message.
+pub fn next_turn(prev: &ChatRequest, rng: &mut SmallRng) -> ChatRequest {
+    let mut next = prev.clone();
+    next.messages.push(msg("assistant", text(rng, 40)));
+    next.messages.push(msg("user", text(rng, 30)));
+    next
+}
+
+/// A pick of a chat request, no tenant.
+pub fn chat_input(request_id: String, req: ChatRequest) -> PickInput {
+    PickInput {
+        request_id,
+        tenant: String::new(),
+        model: MODEL.into(),
+        prompt: Ok(Prompt::Chat(req)),
+        cache_salt: None,
+    }
 }
