@@ -198,8 +198,6 @@ struct RoutesInner {
     order: VecDeque<(Instant, BlockKey, usize)>,
     /// Live (block, worker) entries per worker.
     blocks: Vec<u64>,
-    /// Live (block, worker) entries in all.
-    entries: usize,
 }
 
 // === impl RecentRoutes ===
@@ -214,7 +212,6 @@ impl RecentRoutes {
                 last: HashMap::with_hasher(MixState),
                 order: VecDeque::new(),
                 blocks: vec![0; workers],
-                entries: 0,
             }),
         }
     }
@@ -233,7 +230,6 @@ impl RecentRoutes {
             last,
             order,
             blocks,
-            entries,
         } = &mut *inner;
         for &key in keys {
             let slots = last
@@ -241,7 +237,6 @@ impl RecentRoutes {
                 .or_insert_with(|| vec![None; workers].into_boxed_slice());
             if slots[worker].replace(now).is_none() {
                 blocks[worker] += 1;
-                *entries += 1;
             }
             order.push_back((now, key, worker));
         }
@@ -277,7 +272,8 @@ impl RoutesInner {
     fn expire(&mut self, cutoff: Option<Instant>, capacity: usize) {
         while let Some(&(at, key, worker)) = self.order.front() {
             let old = cutoff.is_some_and(|c| at < c);
-            if !old && self.entries <= capacity && self.order.len() <= 2 * capacity.max(1) {
+            let entries: u64 = self.blocks.iter().sum();
+            if !old && entries <= capacity as u64 && self.order.len() <= 2 * capacity.max(1) {
                 break;
             }
             self.order.pop_front();
@@ -289,7 +285,6 @@ impl RoutesInner {
             }
             slots[worker] = None;
             self.blocks[worker] = self.blocks[worker].saturating_sub(1);
-            self.entries -= 1;
             if slots.iter().all(Option::is_none) {
                 self.last.remove(&key);
             }

@@ -102,13 +102,13 @@ fn percentiles(mut v: Vec<f64>, failed: usize) -> Percentiles {
     }
 }
 
-/// Measures one prompt size; returns (kvsteer, baseline).
+/// Measures one prompt size at each of `args.rates` (warming once); returns
+/// (rate, kvsteer, baseline) per rate.
 pub async fn measure(
     args: &OverheadArgs,
     client: &reqwest::Client,
-    rate: f64,
     tokens: u32,
-) -> (Percentiles, Percentiles) {
+) -> Vec<(f64, Percentiles, Percentiles)> {
     let targets = [
         format!("{}/v1/chat/completions", args.kvsteer.trim_end_matches('/')),
         format!(
@@ -129,29 +129,33 @@ pub async fn measure(
             }
         }
     }
-    let interval = Duration::from_secs_f64(1.0 / rate.max(0.1));
-    let start = tokio::time::Instant::now();
-    let mut tasks = Vec::with_capacity(2 * args.requests);
-    for i in 0..2 * args.requests {
-        tokio::time::sleep_until(start + interval * i as u32).await;
-        let target = targets[i % 2].clone();
-        let b = body(&args.model, &contexts[(i / 2) % contexts.len()], i);
-        let client = client.clone();
-        tasks.push(tokio::spawn(async move {
-            (i % 2, timed(&client, &target, &b).await)
-        }));
-    }
-    let mut lat = [Vec::new(), Vec::new()];
-    let mut failed = [0usize; 2];
-    for t in tasks {
-        match t.await {
-            Ok((k, Some(ms))) => lat[k].push(ms),
-            Ok((k, None)) => failed[k] += 1,
-            Err(_) => failed[0] += 1,
+    let mut out = Vec::with_capacity(args.rates.len());
+    for &rate in &args.rates {
+        let interval = Duration::from_secs_f64(1.0 / rate.max(0.1));
+        let start = tokio::time::Instant::now();
+        let mut tasks = Vec::with_capacity(2 * args.requests);
+        for i in 0..2 * args.requests {
+            tokio::time::sleep_until(start + interval * i as u32).await;
+            let target = targets[i % 2].clone();
+            let b = body(&args.model, &contexts[(i / 2) % contexts.len()], i);
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                (i % 2, timed(&client, &target, &b).await)
+            }));
         }
+        let mut lat = [Vec::new(), Vec::new()];
+        let mut failed = [0usize; 2];
+        for t in tasks {
+            match t.await {
+                Ok((k, Some(ms))) => lat[k].push(ms),
+                Ok((k, None)) => failed[k] += 1,
+                Err(_) => failed[0] += 1,
+            }
+        }
+        let [k, b] = lat;
+        out.push((rate, percentiles(k, failed[0]), percentiles(b, failed[1])));
     }
-    let [k, b] = lat;
-    (percentiles(k, failed[0]), percentiles(b, failed[1]))
+    out
 }
 
 pub async fn run(args: &OverheadArgs) -> anyhow::Result<()> {
@@ -174,9 +178,8 @@ pub async fn run(args: &OverheadArgs) -> anyhow::Result<()> {
         "added p99",
         "failed"
     );
-    for &rate in &args.rates {
-        for &tokens in &args.prompt_tokens {
-            let (k, b) = measure(args, &client, rate, tokens).await;
+    for &tokens in &args.prompt_tokens {
+        for (rate, k, b) in measure(args, &client, tokens).await {
             println!(
                 "{:>6}  {:>7}  {:>9.2} ms {:>9.2} ms  {:>9.2} ms {:>9.2} ms  {:>7.2} ms {:>7.2} ms  {:>6}",
                 rate,
