@@ -28,6 +28,8 @@ pub const DEFAULT_TIE_RATIO: f64 = 0.05;
 pub const DEFAULT_CONGESTION_WEIGHT: f64 = 2.0;
 pub const DEFAULT_ROUTE_WINDOW_S: u64 = 60;
 pub const DEFAULT_ROUTE_FILL: f64 = 1.0;
+pub const DEFAULT_PLACEMENT_WINDOW_S: u64 = 600;
+pub const DEFAULT_NOVEL_SPREAD: f64 = 1.0;
 pub const DEFAULT_INDEX_CAPACITY: usize = 4_000_000;
 pub const DEFAULT_TENANT_HEADER: &str = "x-tenant-id";
 pub const DEFAULT_SCRAPE_INTERVAL_MS: u64 = 1_000;
@@ -140,6 +142,18 @@ pub struct ScoringConfig {
     /// may fill before a placement there is charged the prefill it evicts;
     /// the rest is headroom for the running requests' growth.
     pub route_fill: f64,
+    /// Prompts routed to a worker within this many seconds are the
+    /// conversations and documents it has taken on (their follow-ups come
+    /// back there); a prompt's prefix routed anywhere within it is known,
+    /// the rest of the prompt, cached nowhere, is new. 0: no such memory
+    /// (every prompt cached nowhere is new, placements are not counted).
+    pub placement_window_s: u64,
+    /// A prompt's new share (0..=1) times this widens its near-tie band:
+    /// where a new conversation or document lands decides where its
+    /// follow-ups go, so among workers within that share of the best cost
+    /// it takes the least loaded, then the one with the least placed on it.
+    /// 0: the band stays `tie_ratio`.
+    pub novel_spread: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -260,6 +274,8 @@ impl Default for ScoringConfig {
             congestion_weight: DEFAULT_CONGESTION_WEIGHT,
             route_window_s: DEFAULT_ROUTE_WINDOW_S,
             route_fill: DEFAULT_ROUTE_FILL,
+            placement_window_s: DEFAULT_PLACEMENT_WINDOW_S,
+            novel_spread: DEFAULT_NOVEL_SPREAD,
         }
     }
 }
@@ -461,6 +477,9 @@ impl ScoringConfig {
         unit("scoring.kv_full_threshold", self.kv_full_threshold)?;
         unit("scoring.tie_ratio", self.tie_ratio)?;
         unit("scoring.route_fill", self.route_fill)?;
+        if !(self.novel_spread.is_finite() && self.novel_spread >= 0.0) {
+            return Err(invalid("scoring.novel_spread", "must be >= 0"));
+        }
         if !(self.congestion_weight.is_finite() && self.congestion_weight >= 0.0) {
             return Err(invalid("scoring.congestion_weight", "must be >= 0"));
         }
@@ -643,6 +662,8 @@ workers:
         assert!(e.starts_with("workers[0].model"), "{e}");
         let e = err(&format!("{MINIMAL}scoring:\n  cpu_hit_weight: 2\n"));
         assert!(e.starts_with("scoring.cpu_hit_weight"), "{e}");
+        let e = err(&format!("{MINIMAL}scoring:\n  novel_spread: -0.5\n"));
+        assert!(e.starts_with("scoring.novel_spread"), "{e}");
         let e = err(&format!("{MINIMAL}scoring:\n  policy: magic\n"));
         assert!(e.contains("magic"), "{e}");
         let e = err(&MINIMAL.replace("model: m\n", "model: m\n    kv_events: udp://x\n"));

@@ -8,6 +8,9 @@
 //! [`RecentRoutes`] remembers which prompt blocks were sent where in the last
 //! `route_window_s`: each worker's working set as the router sees it, whether
 //! or not the engine still caches (or already caches) those blocks.
+//! A second one over `placement_window_s` (minutes) tells which prompts a
+//! worker has taken on (their follow-ups come back there) and which prompt
+//! prefixes the router has seen at all.
 
 use crate::index::memory::MixState;
 use crate::keys::BlockKey;

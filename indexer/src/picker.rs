@@ -8,7 +8,7 @@ use crate::{
     load::{LoadTracker, LocalLoad, Pending, RecentRoutes, Routed},
     metrics::{Metrics, PickLabels, ReasonLabels},
     prompt::Prompt,
-    scoring::{self, Prediction, ScrapedLoad, Turn, WorkerView},
+    scoring::{self, Prediction, Request, ScrapedLoad, Turn, WorkerView},
     workers::Workers,
 };
 use kvsteer_tokenize::PromptTokenizer;
@@ -40,6 +40,8 @@ pub struct Picker {
     pub(crate) load: Arc<LoadTracker>,
     pub(crate) metrics: Arc<Metrics>,
     routes: RecentRoutes,
+    /// The same over `placement_window_s`.
+    placements: RecentRoutes,
     counter: AtomicUsize,
 }
 
@@ -137,8 +139,14 @@ impl Picker {
             Duration::from_secs(cfg.scoring.route_window_s),
             ROUTE_ENTRIES,
         );
+        let placements = RecentRoutes::new(
+            workers.len(),
+            Duration::from_secs(cfg.scoring.placement_window_s),
+            ROUTE_ENTRIES,
+        );
         Self {
             routes,
+            placements,
             policy: cfg.scoring.policy,
             scoring: cfg.scoring.clone(),
             down_after: cfg.scrape.down_after,
@@ -229,6 +237,7 @@ impl Picker {
 
         let loads = self.load.snapshot();
         let routed = self.routes.lookup(&keys, start);
+        let placed = self.placements.lookup(&keys, start);
         let views: Vec<WorkerView> = model
             .workers
             .iter()
@@ -244,6 +253,7 @@ impl Picker {
                     &loads.get(i).copied().unwrap_or_default(),
                     w.health.load(),
                     routed.get(i).copied().unwrap_or_default(),
+                    placed.get(i).copied().unwrap_or_default(),
                 )
             })
             .collect();
@@ -255,7 +265,11 @@ impl Picker {
             counter,
             random: rand::random(),
         };
-        let ranked = scoring::rank(self.policy, &self.scoring, prompt_tokens, &views, turn);
+        let request = Request {
+            prompt_tokens,
+            seen_tokens: seen_tokens(&placed, model.block_size),
+        };
+        let ranked = scoring::rank(self.policy, &self.scoring, request, &views, turn);
 
         let candidates: Vec<Candidate> = model
             .workers
@@ -297,6 +311,7 @@ impl Picker {
 
         if mode == Mode::Commit {
             self.routes.record(chosen.worker, &keys, start);
+            self.placements.record(chosen.worker, &keys, start);
             if !input.request_id.is_empty() {
                 self.load.on_pick(
                     &input.request_id,
@@ -370,6 +385,7 @@ pub fn worker_view(
     load: &LocalLoad,
     scraped: Option<ScrapedLoad>,
     routed: Routed,
+    placed: Routed,
 ) -> WorkerView {
     let (gpu, any) = found.map_or((0, 0), |m| (m.gpu_blocks, m.cpu_blocks.max(m.gpu_blocks)));
     WorkerView {
@@ -383,7 +399,19 @@ pub fn worker_view(
         prefill_rate: load.prefill_rate,
         routed_prompt_tokens: routed.prompt_blocks.saturating_mul(block_size),
         routed_other_tokens: routed.other_blocks.saturating_mul(u64::from(block_size)),
+        placed_other_tokens: placed.other_blocks.saturating_mul(u64::from(block_size)),
     }
+}
+
+/// The prompt tokens routed to some worker before (the most any one got:
+/// a prompt routed anywhere within the window is known).
+pub fn seen_tokens(placed: &[Routed], block_size: u32) -> u32 {
+    placed
+        .iter()
+        .map(|r| r.prompt_blocks)
+        .max()
+        .unwrap_or(0)
+        .saturating_mul(block_size)
 }
 
 /// `(block, worker)` entries the route memory keeps at most (~20 MB).

@@ -36,7 +36,7 @@ pub(super) fn shuffle(c: &mut [Ranked], seed: u64) {
 #[cfg(test)]
 mod tests {
     use crate::config::{Policy, ScoringConfig};
-    use crate::scoring::{ScrapedLoad, Turn, WorkerView, rank};
+    use crate::scoring::{Request, ScrapedLoad, Turn, WorkerView, rank};
 
     fn view(matched: u32, in_flight: u32) -> WorkerView {
         WorkerView {
@@ -53,7 +53,14 @@ mod tests {
             counter: 0,
             random: 0,
         };
-        rank(policy, &ScoringConfig::default(), 4096, views, t)[0].index
+        rank(
+            policy,
+            &ScoringConfig::default(),
+            Request::unseen(4096),
+            views,
+            t,
+        )[0]
+        .index
     }
 
     #[test]

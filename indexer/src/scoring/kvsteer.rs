@@ -216,7 +216,7 @@ pub fn calibrate(
 mod tests {
     use super::*;
     use crate::config::{DEFAULT_CONGESTION_WEIGHT, Policy};
-    use crate::scoring::{ScrapedLoad, Turn, rank};
+    use crate::scoring::{Request, ScrapedLoad, Turn, rank};
 
     const RATE: f64 = 10_000.0;
     const PROMPT: u32 = 8_192;
@@ -264,7 +264,7 @@ mod tests {
             counter: 0,
             random: 0,
         };
-        rank(Policy::Kvsteer, cfg, PROMPT, views, t)[0].index
+        rank(Policy::Kvsteer, cfg, Request::seen(PROMPT), views, t)[0].index
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub struct WorkerView {
     /// Other prompts' tokens we routed to it recently: the working set its
     /// cache would have to hold for those requests' next turns to hit.
     pub routed_other_tokens: u64,
+    /// Other prompts' tokens routed to it within `placement_window_s`: the
+    /// conversations and documents it has taken on, cached there or not.
+    pub placed_other_tokens: u64,
 }
 
 /// The engine's own view of its load (vLLM gauges).
@@ -101,6 +104,15 @@ pub struct Ranked {
     pub prediction: Prediction,
 }
 
+/// The request being placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Request {
+    pub prompt_tokens: u32,
+    /// Its tokens already in a prompt routed within `placement_window_s`
+    /// (to any worker), cached anywhere now or not.
+    pub seen_tokens: u32,
+}
+
 /// Mutable inputs of the stateful policies, chosen by the caller so that a
 /// dry run can leave the service's state alone.
 #[derive(Debug, Clone, Copy)]
@@ -109,6 +121,41 @@ pub struct Turn {
     pub counter: usize,
     /// Seed for the `random` policy.
     pub random: u64,
+}
+
+// === impl Request ===
+
+impl Request {
+    /// A request whose prefix nobody has seen: nothing is known of it.
+    pub fn unseen(prompt_tokens: u32) -> Self {
+        Self {
+            prompt_tokens,
+            seen_tokens: 0,
+        }
+    }
+
+    /// A request seen before in full (the next turn of a conversation
+    /// whose prompt is already known, a retry).
+    pub fn seen(prompt_tokens: u32) -> Self {
+        Self {
+            prompt_tokens,
+            seen_tokens: prompt_tokens,
+        }
+    }
+
+    /// The share of the prompt (0..=1) neither seen before nor cached on
+    /// any worker: what this request starts.
+    pub fn new_share(&self, views: &[WorkerView]) -> f64 {
+        if self.prompt_tokens == 0 {
+            return 0.0;
+        }
+        let known = views
+            .iter()
+            .map(WorkerView::matched_tokens)
+            .fold(self.seen_tokens, u32::max)
+            .min(self.prompt_tokens);
+        f64::from(self.prompt_tokens - known) / f64::from(self.prompt_tokens)
+    }
 }
 
 // === impl WorkerView ===
@@ -133,16 +180,17 @@ impl WorkerView {
     }
 }
 
-/// Orders the workers for a request of `prompt_tokens` tokens, best first,
-/// at most `cfg.max_endpoints` of them. Workers that are down are left out
-/// unless all are down (then all are candidates: fail open).
+/// Orders the workers for `request`, best first, at most
+/// `cfg.max_endpoints` of them. Workers that are down are left out unless
+/// all are down (then all are candidates: fail open).
 pub fn rank(
     policy: Policy,
     cfg: &ScoringConfig,
-    prompt_tokens: u32,
+    request: Request,
     views: &[WorkerView],
     turn: Turn,
 ) -> Vec<Ranked> {
+    let prompt_tokens = request.prompt_tokens;
     let any_up = views.iter().any(|v| v.up);
     let mut candidates: Vec<Ranked> = views
         .iter()
@@ -164,24 +212,30 @@ pub fn rank(
             let backlog = congestion(cfg, views, &candidates);
             let cost = |r: &Ranked| r.prediction.cost_ms(backlog);
             candidates.sort_by(|a, b| cost(a).total_cmp(&cost(b)));
-            // Costs within tie_ratio of the best are equally good: the
+            // Costs within the band of the best are equally good: the
             // least loaded of them goes first, then the one with the least
-            // routed to it recently (room for this prompt's next turns),
-            // equal ones in rotation, so near-identical calibrated rates
-            // don't decide every cold pick.
+            // routed to it in the route window (the conversations active
+            // there: room for this prompt's next turns), then the least
+            // placed on it in the placement window, equal ones in rotation,
+            // so near-identical calibrated rates don't decide every cold
+            // pick. The band is `tie_ratio`, wider for what is new: where a
+            // new conversation or document lands decides where its
+            // follow-ups go, so its placement counts for longer than its
+            // first token.
+            let band = cfg
+                .tie_ratio
+                .max(cfg.novel_spread * request.new_share(views));
             let best = candidates.first().map_or(0.0, cost);
             let near = candidates
                 .iter()
-                .take_while(|r| cost(r) <= best * (1.0 + cfg.tie_ratio))
+                .take_while(|r| cost(r) <= best * (1.0 + band))
                 .count();
             candidates[..near].sort_by(|a, b| {
-                views[a.index]
-                    .load()
-                    .total_cmp(&views[b.index].load())
-                    .then_with(|| {
-                        let routed = |r: &Ranked| views[r.index].routed_other_tokens;
-                        routed(a).cmp(&routed(b))
-                    })
+                let (va, vb) = (&views[a.index], &views[b.index]);
+                va.load()
+                    .total_cmp(&vb.load())
+                    .then(va.routed_other_tokens.cmp(&vb.routed_other_tokens))
+                    .then(va.placed_other_tokens.cmp(&vb.placed_other_tokens))
                     .then_with(|| tie(a).cmp(&tie(b)))
             });
         }
@@ -227,7 +281,7 @@ mod tests {
         rank(
             policy,
             &ScoringConfig::default(),
-            1000,
+            Request::seen(1000),
             views,
             turn(counter),
         )
@@ -251,7 +305,16 @@ mod tests {
     fn at_most_max_endpoints() {
         let views = vec![idle(1000.0); 5];
         assert_eq!(order(Policy::Kvsteer, &views, 0).len(), 3);
-        assert!(rank(Policy::Kvsteer, &ScoringConfig::default(), 10, &[], turn(0)).is_empty());
+        assert!(
+            rank(
+                Policy::Kvsteer,
+                &ScoringConfig::default(),
+                Request::unseen(10),
+                &[],
+                turn(0)
+            )
+            .is_empty()
+        );
     }
 
     #[test]
@@ -290,7 +353,8 @@ mod tests {
     }
 
     /// Equal predictions and load: the worker with the least routed to it
-    /// recently goes first (room for this prompt's next turns).
+    /// in the route window goes first (room for this prompt's next turns),
+    /// then the one with the least placed on it in the placement window.
     #[test]
     fn kvsteer_ties_go_to_the_smaller_working_set() {
         let mut views = vec![idle(1000.0); 3];
@@ -298,6 +362,72 @@ mod tests {
         views[1].routed_other_tokens = 1_000;
         views[2].routed_other_tokens = 5_000;
         assert!((0..3).all(|c| order(Policy::Kvsteer, &views, c) == [1, 2, 0]));
+        let mut views = vec![idle(1000.0); 3];
+        views[0].placed_other_tokens = 50_000;
+        views[1].placed_other_tokens = 1_000;
+        views[1].routed_other_tokens = 1_000;
+        views[2].placed_other_tokens = 20_000;
+        assert!((0..3).all(|c| order(Policy::Kvsteer, &views, c) == [2, 0, 1]));
+    }
+
+    #[test]
+    fn the_new_share_is_what_no_cache_holds_and_no_recent_prompt_had() {
+        let mut views = vec![idle(1000.0); 2];
+        assert_eq!(Request::unseen(1000).new_share(&views), 1.0);
+        assert_eq!(Request::seen(1000).new_share(&views), 0.0);
+        assert_eq!(Request::unseen(0).new_share(&views), 0.0);
+        views[1].gpu_hit_tokens = 400;
+        views[1].cpu_hit_tokens = 200;
+        assert_eq!(Request::unseen(1000).new_share(&views), 0.4);
+        let seen_more = Request {
+            prompt_tokens: 1000,
+            seen_tokens: 900,
+        };
+        assert!((seen_more.new_share(&views) - 0.1).abs() < 1e-9);
+        let overshoot = Request {
+            prompt_tokens: 1000,
+            seen_tokens: 5000,
+        };
+        assert_eq!(overshoot.new_share(&views), 0.0);
+    }
+
+    /// A new prompt (a conversation's first turn) spreads: among workers
+    /// within its new share of the best cost, the least claimed one takes
+    /// it, even when a busier one holds its shared system prompt. A prompt
+    /// seen before keeps the narrow band: its predicted TTFT decides.
+    #[test]
+    fn new_prompts_spread_and_known_ones_follow_the_prediction() {
+        let cfg = ScoringConfig {
+            congestion_weight: 0.0,
+            ..ScoringConfig::default()
+        };
+        // The system prompt (2,000 of 6,000 tokens) is cached on worker 0,
+        // which already holds two other conversations.
+        let mut warm = idle(1000.0);
+        warm.gpu_hit_tokens = 2_000;
+        warm.routed_other_tokens = 30_000;
+        warm.placed_other_tokens = 30_000;
+        let views = [warm, idle(1000.0), idle(1000.0)];
+        let first = |r: Request| rank(Policy::Kvsteer, &cfg, r, &views, turn(0))[0].index;
+        // 4,000 of 6,000 tokens new: cold workers (6 s) are within 2/3 of
+        // the warm one's 4 s; the emptier wins.
+        assert_ne!(first(Request::unseen(6_000)), 0);
+        // The same prompt seen before (its conversation was placed, then
+        // evicted everywhere): the cache decides.
+        assert_eq!(first(Request::seen(6_000)), 0);
+        // Off: the band stays tie_ratio.
+        let off = ScoringConfig {
+            novel_spread: 0.0,
+            ..cfg.clone()
+        };
+        let ranked = rank(
+            Policy::Kvsteer,
+            &off,
+            Request::unseen(6_000),
+            &views,
+            turn(0),
+        );
+        assert_eq!(ranked[0].index, 0);
     }
 
     #[test]
@@ -314,7 +444,7 @@ mod tests {
         assert_eq!(v.backlog(), 4.0);
         let views = [v, idle(1000.0)];
         let cfg = ScoringConfig::default();
-        let c = rank(Policy::Kvsteer, &cfg, 10, &views, turn(0));
+        let c = rank(Policy::Kvsteer, &cfg, Request::unseen(10), &views, turn(0));
         assert_eq!(congestion(&cfg, &views, &c), cfg.congestion_weight * 2.0);
     }
 

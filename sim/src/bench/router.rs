@@ -18,8 +18,10 @@ use kvsteer_indexer::config::ScoringConfig;
 use kvsteer_indexer::index::{Index, WorkerMatch};
 use kvsteer_indexer::keys::{KeyContext, prompt_keys};
 use kvsteer_indexer::load::{LoadTracker, Pending, RecentRoutes};
-use kvsteer_indexer::picker::{ROUTE_ENTRIES, worker_view};
-use kvsteer_indexer::scoring::{self, HistogramMean, Prediction, ScrapedLoad, Turn, WorkerView};
+use kvsteer_indexer::picker::{ROUTE_ENTRIES, seen_tokens, worker_view};
+use kvsteer_indexer::scoring::{
+    self, HistogramMean, Prediction, Request, ScrapedLoad, Turn, WorkerView,
+};
 use kvsteer_kv_events::decode_batch;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -41,6 +43,7 @@ pub struct VirtualRouter {
     index: Index,
     load: LoadTracker,
     routes: RecentRoutes,
+    placements: RecentRoutes,
     base: Instant,
     counter: usize,
     rng: ChaCha8Rng,
@@ -89,6 +92,11 @@ impl VirtualRouter {
                 Duration::from_secs(scoring.route_window_s),
                 ROUTE_ENTRIES,
             ),
+            placements: RecentRoutes::new(
+                workers,
+                Duration::from_secs(scoring.placement_window_s),
+                ROUTE_ENTRIES,
+            ),
             policy,
             scoring,
             keys: KeyContext::new(MODEL, None, block_size),
@@ -128,6 +136,7 @@ impl VirtualRouter {
         let loads = self.load.snapshot();
         let at = self.instant(now);
         let routed = self.routes.lookup(&keys, at);
+        let placed = self.placements.lookup(&keys, at);
         let views: Vec<WorkerView> = (0..n)
             .map(|w| {
                 worker_view(
@@ -137,6 +146,7 @@ impl VirtualRouter {
                     &loads[w],
                     self.scraped[w],
                     routed[w],
+                    placed[w],
                 )
             })
             .collect();
@@ -148,7 +158,11 @@ impl VirtualRouter {
         let tie = |w: usize| (w + n - turn.counter % n) % n;
         let worker = match self.policy {
             BenchPolicy::Indexer(p) => {
-                scoring::rank(p.into(), &self.scoring, prompt_tokens, &views, turn)
+                let request = Request {
+                    prompt_tokens,
+                    seen_tokens: seen_tokens(&placed, self.block_size),
+                };
+                scoring::rank(p.into(), &self.scoring, request, &views, turn)
                     .first()
                     .map_or(0, |r| r.index)
             }
@@ -175,7 +189,10 @@ impl VirtualRouter {
                 found[worker].as_ref().map_or(0, |m| m.gpu_blocks),
             ),
             BenchPolicy::SglangLike => self.sglang.on_pick(id, worker, &keys),
-            BenchPolicy::Indexer(_) => self.routes.record(worker, &keys, at),
+            BenchPolicy::Indexer(_) => {
+                self.routes.record(worker, &keys, at);
+                self.placements.record(worker, &keys, at);
+            }
         }
         self.load.on_pick(
             &id.to_string(),
