@@ -449,6 +449,21 @@ impl WorkerConfig {
 // === impl ScoringConfig ===
 
 impl ScoringConfig {
+    /// Reads scoring settings from YAML: an indexer configuration (its
+    /// `scoring:` section) or that section alone. Unset keys take their
+    /// defaults; the result is validated.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let value: serde_norway::Value = serde_norway::from_str(text)?;
+        let section = match value.get("scoring") {
+            Some(s) => s.clone(),
+            None if value.is_null() => serde_norway::Value::Mapping(Default::default()),
+            None => value,
+        };
+        let cfg: ScoringConfig = serde_norway::from_value(section)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         positive("scoring.prefill_rate_prior", self.prefill_rate_prior)?;
         unit("scoring.gpu_hit_weight", self.gpu_hit_weight)?;
@@ -673,6 +688,33 @@ workers:
         ));
         assert!(e.starts_with("workers[1].name: duplicate"), "{e}");
         assert!(err("models: []\n").starts_with("models: required"));
+    }
+
+    #[test]
+    fn scoring_alone_or_from_a_whole_config() {
+        let alone = ScoringConfig::from_yaml("novel_spread: 0.5\nroute_window_s: 30\n").unwrap();
+        assert_eq!(alone.novel_spread, 0.5);
+        assert_eq!(alone.route_window_s, 30);
+        assert_eq!(alone.tie_ratio, DEFAULT_TIE_RATIO);
+        let whole = ScoringConfig::from_yaml(include_str!("../config.example.yaml")).unwrap();
+        assert_eq!(
+            whole,
+            Config::from_yaml(include_str!("../config.example.yaml"))
+                .unwrap()
+                .scoring
+        );
+        assert_eq!(
+            ScoringConfig::from_yaml("").unwrap(),
+            ScoringConfig::default()
+        );
+        let e = ScoringConfig::from_yaml("tie_ratio: 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("scoring.tie_ratio"), "{e}");
+        let e = ScoringConfig::from_yaml("colour: red\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("colour"), "{e}");
     }
 
     #[test]

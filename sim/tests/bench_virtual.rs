@@ -137,3 +137,46 @@ fn bad_flags_are_named() {
     a.workers = 0;
     assert!(a.resolve().is_err());
 }
+
+#[test]
+fn a_scoring_file_reaches_the_indexer_policies() {
+    let dir = std::env::temp_dir().join(format!("kvsteer-bench-scoring-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("scoring.yaml");
+    std::fs::write(&good, "scoring:\n  prefill_rate_prior: 500\n").unwrap();
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, "tie_ratio: 3\n").unwrap();
+    let good_path = good.to_str().unwrap();
+    let default = json(&["--policies", "kvsteer", "--workload", "shared-prefix"]);
+    let slow = json(&[
+        "--policies",
+        "kvsteer",
+        "--workload",
+        "shared-prefix",
+        "--scoring",
+        good_path,
+    ]);
+    assert!(!default.contains("\"scoring\""));
+    assert!(slow.contains("\"scoring\""));
+    assert!(slow.contains("\"prefill_rate_prior\": 500"), "{slow}");
+    // The prior moves the predictions, hence the reported prediction error.
+    let error = |text: &str| -> Vec<f64> {
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["prediction_error_p50_s"].as_f64().unwrap())
+            .collect()
+    };
+    assert_ne!(error(&default), error(&slow));
+    let err = args(&["--scoring", bad.to_str().unwrap()])
+        .resolve()
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("scoring.tie_ratio"), "{err:#}");
+    let err = args(&["--scoring", "/nowhere/scoring.yaml"])
+        .resolve()
+        .unwrap_err();
+    assert!(err.to_string().contains("/nowhere/scoring.yaml"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -86,6 +86,11 @@ pub struct BenchArgs {
     /// Parallel runs (default: available cores).
     #[arg(long)]
     pub jobs: Option<usize>,
+    /// Scoring settings for the indexer's policies: a YAML file, an indexer
+    /// configuration (its `scoring:` section is used) or that section alone.
+    /// Default: the indexer's defaults.
+    #[arg(long)]
+    pub scoring: Option<PathBuf>,
     /// Print no table and no progress.
     #[arg(long)]
     pub quiet: bool,
@@ -174,6 +179,15 @@ impl BenchArgs {
             .jobs
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
             .max(1);
+        let scoring = match &self.scoring {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("--scoring {}", path.display()))?;
+                ScoringConfig::from_yaml(&text)
+                    .with_context(|| format!("--scoring {}", path.display()))?
+            }
+            None => ScoringConfig::default(),
+        };
         let mut workloads = self.workload.clone();
         workloads.dedup();
         Ok(Resolved {
@@ -184,7 +198,7 @@ impl BenchArgs {
             workers: self.workers,
             seed: self.seed,
             engine,
-            scoring: ScoringConfig::default(),
+            scoring,
             event_delay_s: self.event_delay_ms / 1000.0,
             scrape_interval_s: self.scrape_interval_ms / 1000.0,
             jobs,

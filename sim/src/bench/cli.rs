@@ -55,7 +55,7 @@ pub fn config_json(r: &Resolved) -> serde_json::Value {
         .iter()
         .map(|&k| json!({"workload": workload_name(k), "sizes": r.sizes(k)}))
         .collect();
-    json!({
+    let mut config = json!({
         "workloads": workloads,
         "policies": r.policies.iter().map(|p| p.name()).collect::<Vec<_>>(),
         "rates_per_min": r.rates,
@@ -69,5 +69,10 @@ pub fn config_json(r: &Resolved) -> serde_json::Value {
         "scrape_interval_s": r.scrape_interval_s,
         "seed_objective": "p90 TTFT <= 8 s",
         "chat_objective": "p90 TTFT <= 1 s",
-    })
+    });
+    // Only when set, so that default runs keep their files.
+    if r.args().scoring.is_some() {
+        config["scoring"] = serde_json::to_value(&r.scoring).unwrap_or_default();
+    }
+    config
 }
