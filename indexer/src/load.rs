@@ -10,8 +10,9 @@
 //! or not the engine still caches (or already caches) those blocks.
 //! A second one over `placement_window_s` (minutes) tells which prompts a
 //! worker has taken on (their follow-ups come back there) and which prompt
-//! prefixes the router has seen at all.
+//! prefixes the router has seen at all; [`RouteMemory`] holds both.
 
+use crate::config::ScoringConfig;
 use crate::index::memory::MixState;
 use crate::keys::BlockKey;
 use crate::scoring::Prediction;
@@ -270,12 +271,69 @@ impl RecentRoutes {
     }
 }
 
+/// The picker's two route memories: the working set of the last
+/// `route_window_s` (the eviction charge) and the placements of the last
+/// `placement_window_s` (what a prompt adds that is new, what each worker
+/// has taken on).
+pub struct RouteMemory {
+    recent: RecentRoutes,
+    placements: RecentRoutes,
+}
+
+/// Per worker, what each memory says about one prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteView {
+    pub routed: Vec<Routed>,
+    pub placed: Vec<Routed>,
+}
+
+// === impl RouteMemory ===
+
+impl RouteMemory {
+    /// Each memory keeps at most `capacity` (block, worker) entries.
+    pub fn new(workers: usize, cfg: &ScoringConfig, capacity: usize) -> Self {
+        let memory = |window_s| RecentRoutes::new(workers, Duration::from_secs(window_s), capacity);
+        Self {
+            recent: memory(cfg.route_window_s),
+            placements: memory(cfg.placement_window_s),
+        }
+    }
+
+    pub fn lookup(&self, keys: &[BlockKey], now: Instant) -> RouteView {
+        RouteView {
+            routed: self.recent.lookup(keys, now),
+            placed: self.placements.lookup(keys, now),
+        }
+    }
+
+    /// Records that a prompt with these block keys was sent to `worker`.
+    pub fn record(&self, worker: usize, keys: &[BlockKey], now: Instant) {
+        self.recent.record(worker, keys, now);
+        self.placements.record(worker, keys, now);
+    }
+}
+
+// === impl RouteView ===
+
+impl RouteView {
+    /// The prompt tokens routed to some worker within the placement window
+    /// (the most any one got: a prompt routed anywhere is known).
+    pub fn seen_tokens(&self, block_size: u32) -> u32 {
+        self.placed
+            .iter()
+            .map(|r| r.prompt_blocks)
+            .max()
+            .unwrap_or(0)
+            .saturating_mul(block_size)
+    }
+}
+
 impl RoutesInner {
     /// Drops entries routed before `cutoff`, and the oldest beyond `capacity`.
     fn expire(&mut self, cutoff: Option<Instant>, capacity: usize) {
+        let mut entries: u64 = self.blocks.iter().sum();
         while let Some(&(at, key, worker)) = self.order.front() {
             let old = cutoff.is_some_and(|c| at < c);
-            let entries: u64 = self.blocks.iter().sum();
             if !old && entries <= capacity as u64 && self.order.len() <= 2 * capacity.max(1) {
                 break;
             }
@@ -288,6 +346,7 @@ impl RoutesInner {
             }
             slots[worker] = None;
             self.blocks[worker] = self.blocks[worker].saturating_sub(1);
+            entries = entries.saturating_sub(1);
             if slots.iter().all(Option::is_none) {
                 self.last.remove(&key);
             }

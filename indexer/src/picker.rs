@@ -5,7 +5,7 @@ use crate::{
     config::{Config, Policy, ScoringConfig},
     index::{Index, WorkerMatch},
     keys::{KeyContext, prompt_keys},
-    load::{LoadTracker, LocalLoad, Pending, RecentRoutes, Routed},
+    load::{LoadTracker, LocalLoad, Pending, RouteMemory, Routed},
     metrics::{Metrics, PickLabels, ReasonLabels},
     prompt::Prompt,
     scoring::{self, Prediction, Request, ScrapedLoad, Turn, WorkerView},
@@ -18,7 +18,7 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering::Relaxed},
     },
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 /// One model: its tokenizer, key context and workers.
@@ -39,9 +39,7 @@ pub struct Picker {
     pub(crate) workers: Arc<Workers>,
     pub(crate) load: Arc<LoadTracker>,
     pub(crate) metrics: Arc<Metrics>,
-    routes: RecentRoutes,
-    /// The same over `placement_window_s`.
-    placements: RecentRoutes,
+    routes: RouteMemory,
     counter: AtomicUsize,
 }
 
@@ -134,19 +132,9 @@ impl Picker {
                 (m.name.clone(), model)
             })
             .collect();
-        let routes = RecentRoutes::new(
-            workers.len(),
-            Duration::from_secs(cfg.scoring.route_window_s),
-            ROUTE_ENTRIES,
-        );
-        let placements = RecentRoutes::new(
-            workers.len(),
-            Duration::from_secs(cfg.scoring.placement_window_s),
-            ROUTE_ENTRIES,
-        );
+        let routes = RouteMemory::new(workers.len(), &cfg.scoring, ROUTE_ENTRIES);
         Self {
             routes,
-            placements,
             policy: cfg.scoring.policy,
             scoring: cfg.scoring.clone(),
             down_after: cfg.scrape.down_after,
@@ -236,8 +224,7 @@ impl Picker {
         }
 
         let loads = self.load.snapshot();
-        let routed = self.routes.lookup(&keys, start);
-        let placed = self.placements.lookup(&keys, start);
+        let routes = self.routes.lookup(&keys, start);
         let views: Vec<WorkerView> = model
             .workers
             .iter()
@@ -252,8 +239,8 @@ impl Picker {
                     model.block_size,
                     &loads.get(i).copied().unwrap_or_default(),
                     w.health.load(),
-                    routed.get(i).copied().unwrap_or_default(),
-                    placed.get(i).copied().unwrap_or_default(),
+                    routes.routed.get(i).copied().unwrap_or_default(),
+                    routes.placed.get(i).copied().unwrap_or_default(),
                 )
             })
             .collect();
@@ -267,7 +254,7 @@ impl Picker {
         };
         let request = Request {
             prompt_tokens,
-            seen_tokens: seen_tokens(&placed, model.block_size),
+            seen_tokens: routes.seen_tokens(model.block_size),
         };
         let ranked = scoring::rank(self.policy, &self.scoring, request, &views, turn);
 
@@ -311,7 +298,6 @@ impl Picker {
 
         if mode == Mode::Commit {
             self.routes.record(chosen.worker, &keys, start);
-            self.placements.record(chosen.worker, &keys, start);
             if !input.request_id.is_empty() {
                 self.load.on_pick(
                     &input.request_id,
@@ -403,18 +389,7 @@ pub fn worker_view(
     }
 }
 
-/// The prompt tokens routed to some worker before (the most any one got:
-/// a prompt routed anywhere within the window is known).
-pub fn seen_tokens(placed: &[Routed], block_size: u32) -> u32 {
-    placed
-        .iter()
-        .map(|r| r.prompt_blocks)
-        .max()
-        .unwrap_or(0)
-        .saturating_mul(block_size)
-}
-
-/// `(block, worker)` entries the route memory keeps at most (~20 MB).
+/// `(block, worker)` entries each route memory keeps at most (~20 MB).
 pub const ROUTE_ENTRIES: usize = 1 << 18;
 
 /// Prompts larger than this (about 32k tokens, ~10 ms to encode cold) are

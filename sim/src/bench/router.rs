@@ -2,9 +2,9 @@
 //! scoring, driven with virtual timestamps instead of a wall clock.
 //!
 //! A pick does what `kvsteer_indexer::picker::Picker::pick` does after
-//! tokenizing (keys → `Index::lookup` and `RecentRoutes::lookup` → one
+//! tokenizing (keys → `Index::lookup` and `RouteMemory::lookup` → one
 //! `WorkerView` per worker from `picker::worker_view` → `scoring::rank` →
-//! `RecentRoutes::record` and `LoadTracker::on_pick`), and a first-token report does
+//! `RouteMemory::record` and `LoadTracker::on_pick`), and a first-token report does
 //! what `Picker::report` does (`on_first_token` → `calibrate` → `set_rate`).
 //! The `Picker` itself cannot be driven here: it tokenizes text (we have
 //! token ids), draws `rand::random()` for the random policy and stamps picks
@@ -17,8 +17,8 @@ use futures::executor::block_on;
 use kvsteer_indexer::config::ScoringConfig;
 use kvsteer_indexer::index::{Index, WorkerMatch};
 use kvsteer_indexer::keys::{KeyContext, prompt_keys};
-use kvsteer_indexer::load::{LoadTracker, Pending, RecentRoutes};
-use kvsteer_indexer::picker::{ROUTE_ENTRIES, seen_tokens, worker_view};
+use kvsteer_indexer::load::{LoadTracker, Pending, RouteMemory};
+use kvsteer_indexer::picker::{ROUTE_ENTRIES, worker_view};
 use kvsteer_indexer::scoring::{
     self, HistogramMean, Prediction, Request, ScrapedLoad, Turn, WorkerView,
 };
@@ -42,8 +42,7 @@ pub struct VirtualRouter {
     block_size: u32,
     index: Index,
     load: LoadTracker,
-    routes: RecentRoutes,
-    placements: RecentRoutes,
+    routes: RouteMemory,
     base: Instant,
     counter: usize,
     rng: ChaCha8Rng,
@@ -87,16 +86,7 @@ impl VirtualRouter {
         let ttl = Duration::from_secs(scoring.in_flight_ttl_s);
         Self {
             load: LoadTracker::new(workers, scoring.prefill_rate_prior, ttl),
-            routes: RecentRoutes::new(
-                workers,
-                Duration::from_secs(scoring.route_window_s),
-                ROUTE_ENTRIES,
-            ),
-            placements: RecentRoutes::new(
-                workers,
-                Duration::from_secs(scoring.placement_window_s),
-                ROUTE_ENTRIES,
-            ),
+            routes: RouteMemory::new(workers, &scoring, ROUTE_ENTRIES),
             policy,
             scoring,
             keys: KeyContext::new(MODEL, None, block_size),
@@ -135,8 +125,7 @@ impl VirtualRouter {
         }
         let loads = self.load.snapshot();
         let at = self.instant(now);
-        let routed = self.routes.lookup(&keys, at);
-        let placed = self.placements.lookup(&keys, at);
+        let routes = self.routes.lookup(&keys, at);
         let views: Vec<WorkerView> = (0..n)
             .map(|w| {
                 worker_view(
@@ -145,8 +134,8 @@ impl VirtualRouter {
                     self.block_size,
                     &loads[w],
                     self.scraped[w],
-                    routed[w],
-                    placed[w],
+                    routes.routed[w],
+                    routes.placed[w],
                 )
             })
             .collect();
@@ -160,7 +149,7 @@ impl VirtualRouter {
             BenchPolicy::Indexer(p) => {
                 let request = Request {
                     prompt_tokens,
-                    seen_tokens: seen_tokens(&placed, self.block_size),
+                    seen_tokens: routes.seen_tokens(self.block_size),
                 };
                 scoring::rank(p.into(), &self.scoring, request, &views, turn)
                     .first()
@@ -189,10 +178,7 @@ impl VirtualRouter {
                 found[worker].as_ref().map_or(0, |m| m.gpu_blocks),
             ),
             BenchPolicy::SglangLike => self.sglang.on_pick(id, worker, &keys),
-            BenchPolicy::Indexer(_) => {
-                self.routes.record(worker, &keys, at);
-                self.placements.record(worker, &keys, at);
-            }
+            BenchPolicy::Indexer(_) => self.routes.record(worker, &keys, at),
         }
         self.load.on_pick(
             &id.to_string(),
