@@ -11,6 +11,9 @@
 //! A second one over `placement_window_s` (minutes) tells which prompts a
 //! worker has taken on (their follow-ups come back there) and which prompt
 //! prefixes the router has seen at all; [`RouteMemory`] holds both.
+//! [`QueuedPrompts`], also in it, holds the prompts picked but not yet
+//! prefilled: a request queued behind one of them on the same worker finds
+//! their shared prefix cached when its turn comes.
 
 use crate::config::ScoringConfig;
 use crate::index::memory::MixState;
@@ -278,6 +281,7 @@ impl RecentRoutes {
 pub struct RouteMemory {
     recent: RecentRoutes,
     placements: RecentRoutes,
+    queued: QueuedPrompts,
 }
 
 /// Per worker, what each memory says about one prompt.
@@ -285,6 +289,44 @@ pub struct RouteMemory {
 pub struct RouteView {
     pub routed: Vec<Routed>,
     pub placed: Vec<Routed>,
+    /// The prompt's leading blocks that a prompt queued there holds.
+    pub queued: Vec<u32>,
+}
+
+/// One worker's part of a [`RouteView`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkerRoutes {
+    pub routed: Routed,
+    pub placed: Routed,
+    pub queued_blocks: u32,
+}
+
+/// Prompts picked and not yet prefilled (no first token), per worker.
+/// vLLM schedules first come, first served, so a request sent behind one of
+/// them to the same worker starts its prefill after theirs: the prefix they
+/// share is cached by then, though the index does not show it yet. Without
+/// this, past saturation (long queues) every request of a group whose
+/// prefix is still queued looks cold everywhere and goes wherever the queue
+/// is shortest, each worker prefills the prefix again, and the hit rate
+/// collapses with the throughput.
+pub struct QueuedPrompts {
+    /// Entries older than this are dropped (their reports never came).
+    ttl: Duration,
+    /// Prompt blocks kept at most, over all prompts (oldest dropped first).
+    capacity: usize,
+    inner: Mutex<QueuedInner>,
+}
+
+struct QueuedInner {
+    /// Per request id: its worker and prompt blocks.
+    requests: HashMap<String, (usize, Vec<BlockKey>)>,
+    /// Per block, how many queued prompts hold it on each worker.
+    blocks: HashMap<BlockKey, Box<[u32]>, MixState>,
+    /// Queueing order, for expiry; ids already prefilled are skipped.
+    order: VecDeque<(Instant, String)>,
+    /// Blocks of all queued prompts.
+    held: usize,
+    workers: usize,
 }
 
 // === impl RouteMemory ===
@@ -296,6 +338,7 @@ impl RouteMemory {
         Self {
             recent: memory(cfg.route_window_s),
             placements: memory(cfg.placement_window_s),
+            queued: QueuedPrompts::new(workers, Duration::from_secs(cfg.in_flight_ttl_s), capacity),
         }
     }
 
@@ -303,19 +346,145 @@ impl RouteMemory {
         RouteView {
             routed: self.recent.lookup(keys, now),
             placed: self.placements.lookup(keys, now),
+            queued: self.queued.lookup(keys, now),
         }
     }
 
-    /// Records that a prompt with these block keys was sent to `worker`.
-    pub fn record(&self, worker: usize, keys: &[BlockKey], now: Instant) {
+    /// Records that a prompt with these block keys was sent to `worker`;
+    /// with a request id, it stays queued there until [`Self::prefilled`].
+    pub fn record(&self, request_id: &str, worker: usize, keys: &[BlockKey], now: Instant) {
         self.recent.record(worker, keys, now);
         self.placements.record(worker, keys, now);
+        if !request_id.is_empty() {
+            self.queued.queue(request_id, worker, keys, now);
+        }
+    }
+
+    /// The request's first token came, or it ended: its prompt is no longer
+    /// queued.
+    pub fn prefilled(&self, request_id: &str) {
+        self.queued.remove(request_id);
+    }
+}
+
+// === impl QueuedPrompts ===
+
+impl QueuedPrompts {
+    pub fn new(workers: usize, ttl: Duration, capacity: usize) -> Self {
+        Self {
+            ttl,
+            capacity,
+            inner: Mutex::new(QueuedInner {
+                requests: HashMap::new(),
+                blocks: HashMap::with_hasher(MixState),
+                order: VecDeque::new(),
+                held: 0,
+                workers,
+            }),
+        }
+    }
+
+    /// `request_id`'s prompt was sent to `worker` (again: replaces it).
+    pub fn queue(&self, request_id: &str, worker: usize, keys: &[BlockKey], now: Instant) {
+        let mut inner = self.inner.lock();
+        if worker >= inner.workers || keys.is_empty() {
+            return;
+        }
+        inner.remove(request_id);
+        inner.add(request_id, worker, keys);
+        inner.order.push_back((now, request_id.to_owned()));
+        inner.expire(now.checked_sub(self.ttl), self.capacity);
+    }
+
+    pub fn remove(&self, request_id: &str) {
+        self.inner.lock().remove(request_id);
+    }
+
+    /// Per worker: how many of `keys`' leading blocks a queued prompt
+    /// holds there. Block keys chain the whole prefix, so a held block
+    /// means its whole prefix is held.
+    pub fn lookup(&self, keys: &[BlockKey], now: Instant) -> Vec<u32> {
+        let mut inner = self.inner.lock();
+        inner.expire(now.checked_sub(self.ttl), self.capacity);
+        let mut leading = vec![0u32; inner.workers];
+        for (i, key) in keys.iter().enumerate() {
+            let Some(counts) = inner.blocks.get(key) else {
+                break;
+            };
+            let mut extended = false;
+            for (n, &count) in leading.iter_mut().zip(counts.iter()) {
+                // Only a worker still in the run of held blocks goes on.
+                if count > 0 && *n as usize == i {
+                    *n += 1;
+                    extended = true;
+                }
+            }
+            if !extended {
+                break;
+            }
+        }
+        leading
+    }
+}
+
+impl QueuedInner {
+    fn add(&mut self, request_id: &str, worker: usize, keys: &[BlockKey]) {
+        let workers = self.workers;
+        for &key in keys {
+            self.blocks
+                .entry(key)
+                .or_insert_with(|| vec![0; workers].into_boxed_slice())[worker] += 1;
+        }
+        self.held += keys.len();
+        self.requests
+            .insert(request_id.to_owned(), (worker, keys.to_vec()));
+    }
+
+    fn remove(&mut self, request_id: &str) {
+        let Some((worker, keys)) = self.requests.remove(request_id) else {
+            return;
+        };
+        self.held = self.held.saturating_sub(keys.len());
+        for key in keys {
+            let Some(counts) = self.blocks.get_mut(&key) else {
+                continue;
+            };
+            counts[worker] = counts[worker].saturating_sub(1);
+            if counts.iter().all(|&c| c == 0) {
+                self.blocks.remove(&key);
+            }
+        }
+    }
+
+    /// Drops prompts queued before `cutoff`, and the oldest beyond
+    /// `capacity` (ids already prefilled leave stale entries in `order`,
+    /// which go the same way).
+    fn expire(&mut self, cutoff: Option<Instant>, capacity: usize) {
+        while let Some((at, _)) = self.order.front() {
+            let old = cutoff.is_some_and(|c| *at < c);
+            let over = self.held > capacity || self.order.len() > 2 * capacity.max(1);
+            if !old && !over {
+                break;
+            }
+            if let Some((_, id)) = self.order.pop_front() {
+                self.remove(&id);
+            }
+        }
     }
 }
 
 // === impl RouteView ===
 
 impl RouteView {
+    /// Worker `i`'s part (nothing, for an index out of range).
+    pub fn worker(&self, i: usize) -> WorkerRoutes {
+        WorkerRoutes {
+            routed: self.routed.get(i).copied().unwrap_or_default(),
+            placed: self.placed.get(i).copied().unwrap_or_default(),
+            queued_blocks: self.queued.get(i).copied().unwrap_or_default(),
+        }
+    }
+
     /// The prompt tokens routed to some worker within the placement window
     /// (the most any one got: a prompt routed anywhere is known).
     pub fn seen_tokens(&self, block_size: u32) -> u32 {
@@ -514,5 +683,76 @@ mod tests {
         assert_eq!(off.lookup(&keys(0..4), t0), vec![Routed::default()]);
         // Out-of-range workers are ignored.
         r.record(5, &keys(0..4), t0);
+    }
+
+    #[test]
+    fn queued_prompts_lend_their_prefix_until_prefilled() {
+        let q = QueuedPrompts::new(3, Duration::from_secs(300), 100);
+        let t0 = Instant::now();
+        // A group prefix (blocks 0..6) queued on 1 with its question, and
+        // the first half of it on 2.
+        q.queue("a", 1, &keys(0..8), t0);
+        q.queue("b", 2, &keys(0..3), t0);
+        // Another user of the group: same prefix, another question.
+        let mut prompt = keys(0..6);
+        prompt.extend(keys(50..52));
+        assert_eq!(q.lookup(&prompt, t0), vec![0, 6, 3]);
+        // Only a leading run counts: a prompt whose first block differs
+        // holds nothing, even where later keys are alike.
+        let mut stranger = vec![BlockKey(99)];
+        stranger.extend(keys(1..8));
+        assert_eq!(q.lookup(&stranger, t0), vec![0, 0, 0]);
+        // Two prompts with the same prefix on one worker: it stays held
+        // until both are prefilled.
+        q.queue("c", 1, &keys(0..6), t0);
+        q.remove("a");
+        assert_eq!(q.lookup(&prompt, t0), vec![0, 6, 3]);
+        q.remove("c");
+        q.remove("c");
+        assert_eq!(q.lookup(&prompt, t0), vec![0, 0, 3]);
+        // Queued again elsewhere: the prompt moves.
+        q.queue("b", 0, &keys(0..3), t0);
+        assert_eq!(q.lookup(&prompt, t0), vec![3, 0, 0]);
+    }
+
+    #[test]
+    fn queued_prompts_expire_and_are_bounded() {
+        let q = QueuedPrompts::new(1, Duration::from_secs(300), 8);
+        let t0 = Instant::now();
+        q.queue("a", 0, &keys(0..4), t0);
+        q.queue("b", 0, &keys(10..14), t0);
+        q.queue("c", 0, &keys(20..24), t0);
+        assert_eq!(
+            q.lookup(&keys(0..4), t0),
+            vec![0],
+            "the oldest beyond 8 blocks goes"
+        );
+        assert_eq!(q.lookup(&keys(10..14), t0), vec![4]);
+        assert_eq!(q.lookup(&keys(20..24), t0), vec![4]);
+        // A report that never comes: gone after the TTL.
+        assert_eq!(
+            q.lookup(&keys(20..24), t0 + Duration::from_secs(301)),
+            vec![0]
+        );
+        // Out-of-range workers and empty prompts are ignored.
+        q.queue("d", 3, &keys(0..4), t0);
+        q.queue("e", 0, &[], t0);
+        assert_eq!(q.lookup(&keys(0..4), t0), vec![0]);
+    }
+
+    #[test]
+    fn route_memory_queues_a_pick_until_its_report() {
+        let m = RouteMemory::new(2, &ScoringConfig::default(), 100);
+        let t0 = Instant::now();
+        m.record("r1", 1, &keys(0..5), t0);
+        // No request id (a dry run): routed, not queued.
+        m.record("", 0, &keys(0..5), t0);
+        let view = m.lookup(&keys(0..5), t0);
+        assert_eq!(view.queued, vec![0, 5]);
+        assert_eq!(view.worker(1).queued_blocks, 5);
+        assert_eq!(view.worker(0).routed.prompt_blocks, 5);
+        assert_eq!(view.worker(7), WorkerRoutes::default());
+        m.prefilled("r1");
+        assert_eq!(m.lookup(&keys(0..5), t0).queued, vec![0, 0]);
     }
 }

@@ -5,7 +5,7 @@ use crate::{
     config::{Config, Policy, ScoringConfig},
     index::{Index, WorkerMatch},
     keys::{KeyContext, prompt_keys},
-    load::{LoadTracker, LocalLoad, Pending, RouteMemory, Routed},
+    load::{LoadTracker, LocalLoad, Pending, RouteMemory, WorkerRoutes},
     metrics::{Metrics, PickLabels, ReasonLabels},
     prompt::Prompt,
     scoring::{self, Prediction, Request, ScrapedLoad, Turn, WorkerView},
@@ -39,7 +39,7 @@ pub struct Picker {
     pub(crate) workers: Arc<Workers>,
     pub(crate) load: Arc<LoadTracker>,
     pub(crate) metrics: Arc<Metrics>,
-    routes: RouteMemory,
+    pub(crate) routes: RouteMemory,
     counter: AtomicUsize,
 }
 
@@ -239,8 +239,7 @@ impl Picker {
                     model.block_size,
                     &loads.get(i).copied().unwrap_or_default(),
                     w.health.load(),
-                    routes.routed.get(i).copied().unwrap_or_default(),
-                    routes.placed.get(i).copied().unwrap_or_default(),
+                    routes.worker(i),
                 )
             })
             .collect();
@@ -297,7 +296,8 @@ impl Picker {
         };
 
         if mode == Mode::Commit {
-            self.routes.record(chosen.worker, &keys, start);
+            self.routes
+                .record(&input.request_id, chosen.worker, &keys, start);
             if !input.request_id.is_empty() {
                 self.load.on_pick(
                     &input.request_id,
@@ -370,8 +370,7 @@ pub fn worker_view(
     block_size: u32,
     load: &LocalLoad,
     scraped: Option<ScrapedLoad>,
-    routed: Routed,
-    placed: Routed,
+    routes: WorkerRoutes,
 ) -> WorkerView {
     let (gpu, any) = found.map_or((0, 0), |m| (m.gpu_blocks, m.cpu_blocks.max(m.gpu_blocks)));
     WorkerView {
@@ -383,9 +382,16 @@ pub fn worker_view(
         decoding: load.decoding,
         scraped,
         prefill_rate: load.prefill_rate,
-        routed_prompt_tokens: routed.prompt_blocks.saturating_mul(block_size),
-        routed_other_tokens: routed.other_blocks.saturating_mul(u64::from(block_size)),
-        placed_other_tokens: placed.other_blocks.saturating_mul(u64::from(block_size)),
+        queued_hit_tokens: routes.queued_blocks.saturating_mul(block_size),
+        routed_prompt_tokens: routes.routed.prompt_blocks.saturating_mul(block_size),
+        routed_other_tokens: routes
+            .routed
+            .other_blocks
+            .saturating_mul(u64::from(block_size)),
+        placed_other_tokens: routes
+            .placed
+            .other_blocks
+            .saturating_mul(u64::from(block_size)),
     }
 }
 
@@ -475,6 +481,24 @@ scoring: {{policy: {policy}}}
         build_picker(&cfg, HashMap::new(), &mut Registry::default()).0
     }
 
+    /// Two workers of model `m` with the shared Qwen3 tokenizer, on `index`.
+    fn tokenizing_picker(index: Index, registry: &mut Registry) -> Arc<Picker> {
+        let shared = std::env::var_os("KVSTEER_SHARED")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared").into());
+        let tok = PromptTokenizer::from_dir(&shared.join("tokenizers/qwen3")).unwrap();
+        let cfg = Config::from_yaml(
+            "models: [{name: m, tokenizer: /nowhere}]
+workers:
+  - {name: a, endpoint: 127.0.0.1:1, model: m}
+  - {name: b, endpoint: 127.0.0.1:2, model: m}
+",
+        )
+        .unwrap();
+        let tokenizers = HashMap::from([("m".to_owned(), Arc::new(tok))]);
+        crate::app::build_picker_on(&cfg, tokenizers, registry, index).0
+    }
+
     fn input(id: &str, model: &str) -> PickInput {
         PickInput {
             request_id: id.into(),
@@ -538,6 +562,29 @@ scoring: {{policy: {policy}}}
         assert!(p.load().is_empty());
     }
 
+    #[tokio::test]
+    async fn a_prompt_follows_its_queued_twin_until_the_first_token() {
+        let p = tokenizing_picker(Index::memory(1 << 10), &mut Registry::default());
+        let first = p.pick(input("r1", "m"), Mode::Commit).await;
+        assert!(!first.decision.degraded, "{:?}", first.decision);
+        // Nothing is cached anywhere yet, but the same prompt queued behind
+        // r1 needs one token of prefill there.
+        let twin = p.pick(input("r2", "m"), Mode::Commit).await;
+        assert_eq!(twin.decision.worker, first.decision.worker);
+        // Once both have their first token (and the index shows nothing,
+        // as here), the twin's prefix is no longer counted: load steers.
+        for id in ["r1", "r2"] {
+            p.report(
+                id,
+                crate::report::ReportKind::FirstToken,
+                5.0,
+                Instant::now(),
+            );
+        }
+        let third = p.pick(input("r3", "m"), Mode::Commit).await;
+        assert_ne!(third.decision.worker, first.decision.worker);
+    }
+
     /// A backend whose every call fails, like Redis when it is down.
     struct Down;
 
@@ -574,22 +621,8 @@ scoring: {{policy: {policy}}}
 
     #[tokio::test]
     async fn index_failure_degrades_to_load_only_and_is_counted() {
-        let shared = std::env::var_os("KVSTEER_SHARED")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared").into());
-        let tok = PromptTokenizer::from_dir(&shared.join("tokenizers/qwen3")).unwrap();
-        let cfg = Config::from_yaml(
-            "models: [{name: m, tokenizer: /nowhere}]
-workers:
-  - {name: a, endpoint: 127.0.0.1:1, model: m}
-  - {name: b, endpoint: 127.0.0.1:2, model: m}
-",
-        )
-        .unwrap();
         let mut registry = Registry::default();
-        let tokenizers = HashMap::from([("m".to_owned(), Arc::new(tok))]);
-        let index = Index::with_backend(Arc::new(Down));
-        let (p, ..) = crate::app::build_picker_on(&cfg, tokenizers, &mut registry, index);
+        let p = tokenizing_picker(Index::with_backend(Arc::new(Down)), &mut registry);
         let first = p.pick(input("r1", "m"), Mode::Commit).await;
         assert!(first.decision.degraded);
         assert!(
@@ -600,8 +633,14 @@ workers:
         assert_eq!(first.decision.prompt_tokens, 64);
         assert_eq!(first.decision.matched_tokens, 0);
         assert_eq!(first.endpoints.len(), 2);
-        // Load still steers: the next pick avoids the loaded worker.
-        let second = p.pick(input("r2", "m"), Mode::Commit).await;
+        // Load still steers: the next pick (another prompt: the same one
+        // would follow its queued twin) avoids the loaded worker.
+        let mut other = input("r2", "m");
+        other.prompt = Ok(Prompt::Completion {
+            prompt: kvsteer_tokenize::CompletionPrompt::Ids(vec![2; 64]),
+            add_special_tokens: None,
+        });
+        let second = p.pick(other, Mode::Commit).await;
         assert_ne!(first.decision.worker, second.decision.worker);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();

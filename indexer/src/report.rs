@@ -39,6 +39,9 @@ impl Picker {
                 kind: kind.as_str(),
             })
             .inc();
+        // Prefilled (or ended): a request queued behind it no longer waits
+        // for its prefix.
+        self.routes.prefilled(request_id);
         match kind {
             ReportKind::FirstToken => {
                 let Some(p) = self.load.on_first_token(request_id, now) else {

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! queued   = max(unprefilled tokens we sent, scraped waiting × waiting_request_tokens)
+//! gpu_hits = max(GPU-cached prefix, prefix of a request queued there)
 //! uncached = max(prompt − gpu_hits × gpu_hit_weight − cpu_hits × cpu_hit_weight, 1)
 //! slots    = (waiting + 1) × slot_time / running   (when waiting > 0 and running ≥ max_num_seqs,
 //!                                                  or kv_usage ≥ kv_full_threshold and the
@@ -15,6 +16,10 @@
 //! cost_ms  = ttft_ms + 1000 × uncached / rate × congestion_weight × mean backlog
 //!          + 1000 × evicted / rate                                          (rank)
 //! ```
+//! A request queued on the worker (picked, no first token yet) prefills
+//! before this one, so the prefix they share counts as cached there: the
+//! index shows only what is cached now, and past saturation a group whose
+//! prefix is still queued would otherwise look cold everywhere and scatter.
 //! The queue term takes the larger of our count and the engine's because the
 //! engine's waiting queue contains our requests too (summing would count them
 //! twice) but also sees traffic from other routers, and the scrape lags.
@@ -106,8 +111,9 @@ pub fn predict(cfg: &ScoringConfig, prompt_tokens: u32, w: &WorkerView) -> Predi
     let queued_tokens = (w.unprefilled_tokens as f64).max(scraped_queue);
     let running = f64::from(w.decoding).max(w.scraped.map_or(0.0, |s| s.running.max(0.0)));
     let prompt = f64::from(prompt_tokens);
-    let gpu = f64::from(w.gpu_hit_tokens.min(prompt_tokens));
-    let cpu = f64::from(w.cpu_hit_tokens).min(prompt - gpu);
+    let cached_anywhere = f64::from(w.gpu_hit_tokens) + f64::from(w.cpu_hit_tokens);
+    let gpu = f64::from(w.gpu_hit_tokens.max(w.queued_hit_tokens).min(prompt_tokens));
+    let cpu = (cached_anywhere - gpu).clamp(0.0, prompt - gpu);
     // vLLM always computes at least the last prompt token.
     let uncached_tokens =
         (prompt - gpu * cfg.gpu_hit_weight - cpu * cfg.cpu_hit_weight).max(prompt.min(1.0));
@@ -295,6 +301,36 @@ mod tests {
         assert_eq!(c.uncached_tokens, expected);
         assert!(g.ttft_ms < c.ttft_ms && c.ttft_ms < predict(&cfg(), PROMPT, &cold()).ttft_ms);
         assert_eq!(choice(&[cpu, gpu]), 1);
+    }
+
+    /// A group's prefix queued on a worker (picked, not yet prefilled) is
+    /// cached there by the time a request sent behind it starts: the index
+    /// shows nothing yet, but that worker's prefill is the question alone.
+    #[test]
+    fn a_prefix_queued_on_a_worker_counts_as_cached_there() {
+        let queue = u64::from(PROMPT);
+        let mut queued = cold();
+        queued.unprefilled_tokens = queue;
+        queued.queued_hit_tokens = MATCHED;
+        let p = predict(&cfg(), PROMPT, &queued);
+        assert_eq!(p.uncached_tokens, f64::from(PROMPT - MATCHED));
+        assert_eq!(p.queue_ms, 1000.0 * queue as f64 / RATE);
+        // Behind the queue with the prefix beats an idle worker only while
+        // the queue is shorter than the prefix it brings.
+        let mut idle = cold();
+        idle.unprefilled_tokens = 0;
+        assert_eq!(choice(&[idle, queued]), 0);
+        queued.unprefilled_tokens = u64::from(MATCHED) - 64;
+        assert_eq!(choice(&[idle, queued]), 1);
+        // A cached prefix and a queued one are not added: the longer counts,
+        // and CPU-held blocks beyond it still count at their weight.
+        let mut both = cold();
+        both.gpu_hit_tokens = 1_024;
+        both.cpu_hit_tokens = 4_096;
+        both.queued_hit_tokens = 2_048;
+        let p = predict(&cfg(), PROMPT, &both);
+        let cpu = f64::from(1_024 + 4_096 - 2_048) * cfg().cpu_hit_weight;
+        assert_eq!(p.uncached_tokens, f64::from(PROMPT - 2_048) - cpu);
     }
 
     /// Warm-but-busy vs cold-and-idle: the warm worker wins while the work

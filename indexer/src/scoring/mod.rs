@@ -21,6 +21,10 @@ pub struct WorkerView {
     pub gpu_hit_tokens: u32,
     /// Further prompt tokens held in CPU memory (offloaded blocks).
     pub cpu_hit_tokens: u32,
+    /// Leading prompt tokens of a request picked for it that has no first
+    /// token yet (`load::QueuedPrompts`): cached by the time this one's
+    /// prefill starts, which is after that one's.
+    pub queued_hit_tokens: u32,
     /// Requests picked for it and not yet done.
     pub in_flight: u32,
     /// Uncached prompt tokens of requests picked for it that have no first token yet.

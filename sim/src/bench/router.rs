@@ -134,8 +134,7 @@ impl VirtualRouter {
                     self.block_size,
                     &loads[w],
                     self.scraped[w],
-                    routes.routed[w],
-                    routes.placed[w],
+                    routes.worker(w),
                 )
             })
             .collect();
@@ -178,7 +177,7 @@ impl VirtualRouter {
                 found[worker].as_ref().map_or(0, |m| m.gpu_blocks),
             ),
             BenchPolicy::SglangLike => self.sglang.on_pick(id, worker, &keys),
-            BenchPolicy::Indexer(_) => self.routes.record(worker, &keys, at),
+            BenchPolicy::Indexer(_) => self.routes.record(&id.to_string(), worker, &keys, at),
         }
         self.load.on_pick(
             &id.to_string(),
@@ -201,6 +200,7 @@ impl VirtualRouter {
     /// The filter's first-token report (`Picker::report(FirstToken)`).
     pub fn first_token(&mut self, id: u64, now: f64) {
         self.dynamo.on_first_token(id);
+        self.routes.prefilled(&id.to_string());
         let at = self.instant(now);
         let Some(p) = self.load.on_first_token(&id.to_string(), at) else {
             return;
@@ -221,6 +221,7 @@ impl VirtualRouter {
     pub fn done(&mut self, id: u64) {
         self.dynamo.on_done(id);
         self.sglang.on_done(id);
+        self.routes.prefilled(&id.to_string());
         self.load.on_finish(&id.to_string());
     }
 
