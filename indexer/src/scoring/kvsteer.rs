@@ -317,8 +317,7 @@ mod tests {
         assert_eq!(p.queue_ms, 1000.0 * queue as f64 / RATE);
         // Behind the queue with the prefix beats an idle worker only while
         // the queue is shorter than the prefix it brings.
-        let mut idle = cold();
-        idle.unprefilled_tokens = 0;
+        let idle = cold();
         assert_eq!(choice(&[idle, queued]), 0);
         queued.unprefilled_tokens = u64::from(MATCHED) - 64;
         assert_eq!(choice(&[idle, queued]), 1);
