@@ -274,10 +274,10 @@ impl RecentRoutes {
     }
 }
 
-/// The picker's two route memories: the working set of the last
-/// `route_window_s` (the eviction charge) and the placements of the last
+/// The picker's route memories: the working set of the last
+/// `route_window_s` (the eviction charge), the placements of the last
 /// `placement_window_s` (what a prompt adds that is new, what each worker
-/// has taken on).
+/// has taken on) and the prompts still queued (prefixes about to be cached).
 pub struct RouteMemory {
     recent: RecentRoutes,
     placements: RecentRoutes,
@@ -318,11 +318,12 @@ pub struct QueuedPrompts {
 }
 
 struct QueuedInner {
-    /// Per request id: its worker and prompt blocks.
-    requests: HashMap<String, (usize, Vec<BlockKey>)>,
+    /// Per request id: its worker, prompt blocks and when it was queued.
+    requests: HashMap<String, (usize, Vec<BlockKey>, Instant)>,
     /// Per block, how many queued prompts hold it on each worker.
     blocks: HashMap<BlockKey, Box<[u32]>, MixState>,
-    /// Queueing order, for expiry; ids already prefilled are skipped.
+    /// Queueing order, for expiry; entries of ids already prefilled, or
+    /// queued again since, are stale and skipped.
     order: VecDeque<(Instant, String)>,
     /// Blocks of all queued prompts.
     held: usize,
@@ -391,7 +392,7 @@ impl QueuedPrompts {
             return;
         }
         inner.remove(request_id);
-        inner.add(request_id, worker, keys);
+        inner.add(request_id, worker, keys, now);
         inner.order.push_back((now, request_id.to_owned()));
         inner.expire(now.checked_sub(self.ttl), self.capacity);
     }
@@ -428,7 +429,7 @@ impl QueuedPrompts {
 }
 
 impl QueuedInner {
-    fn add(&mut self, request_id: &str, worker: usize, keys: &[BlockKey]) {
+    fn add(&mut self, request_id: &str, worker: usize, keys: &[BlockKey], at: Instant) {
         let workers = self.workers;
         for &key in keys {
             self.blocks
@@ -437,11 +438,11 @@ impl QueuedInner {
         }
         self.held += keys.len();
         self.requests
-            .insert(request_id.to_owned(), (worker, keys.to_vec()));
+            .insert(request_id.to_owned(), (worker, keys.to_vec(), at));
     }
 
     fn remove(&mut self, request_id: &str) {
-        let Some((worker, keys)) = self.requests.remove(request_id) else {
+        let Some((worker, keys, _)) = self.requests.remove(request_id) else {
             return;
         };
         self.held = self.held.saturating_sub(keys.len());
@@ -466,7 +467,10 @@ impl QueuedInner {
             if !old && !over {
                 break;
             }
-            if let Some((_, id)) = self.order.pop_front() {
+            let Some((at, id)) = self.order.pop_front() else {
+                break;
+            };
+            if self.requests.get(&id).is_some_and(|r| r.2 == at) {
                 self.remove(&id);
             }
         }
