@@ -167,6 +167,7 @@ impl VirtualRouter {
             BenchPolicy::SglangLike => self.sglang.choose(prompt_tokens, &keys, now, tie),
         };
         let prediction = scoring::predict(&self.scoring, prompt_tokens, &views[worker]);
+        let request_id = id.to_string();
         match self.policy {
             BenchPolicy::DynamoLike => self.dynamo.on_pick(
                 id,
@@ -177,10 +178,10 @@ impl VirtualRouter {
                 found[worker].as_ref().map_or(0, |m| m.gpu_blocks),
             ),
             BenchPolicy::SglangLike => self.sglang.on_pick(id, worker, &keys),
-            BenchPolicy::Indexer(_) => self.routes.record(&id.to_string(), worker, &keys, at),
+            BenchPolicy::Indexer(_) => self.routes.record(&request_id, worker, &keys, at),
         }
         self.load.on_pick(
-            &id.to_string(),
+            &request_id,
             Pending {
                 worker,
                 prediction,
@@ -200,9 +201,10 @@ impl VirtualRouter {
     /// The filter's first-token report (`Picker::report(FirstToken)`).
     pub fn first_token(&mut self, id: u64, now: f64) {
         self.dynamo.on_first_token(id);
-        self.routes.prefilled(&id.to_string());
+        let request_id = id.to_string();
+        self.routes.prefilled(&request_id);
         let at = self.instant(now);
-        let Some(p) = self.load.on_first_token(&id.to_string(), at) else {
+        let Some(p) = self.load.on_first_token(&request_id, at) else {
             return;
         };
         let observed_ms = at.saturating_duration_since(p.picked_at).as_secs_f64() * 1000.0;
@@ -221,8 +223,9 @@ impl VirtualRouter {
     pub fn done(&mut self, id: u64) {
         self.dynamo.on_done(id);
         self.sglang.on_done(id);
-        self.routes.prefilled(&id.to_string());
-        self.load.on_finish(&id.to_string());
+        let request_id = id.to_string();
+        self.routes.prefilled(&request_id);
+        self.load.on_finish(&request_id);
     }
 
     /// One KV event payload as it came off the wire.
