@@ -4,7 +4,7 @@
 use crate::{
     config::{Config, Policy, ScoringConfig},
     index::{Index, WorkerMatch},
-    keys::{KeyContext, prompt_keys},
+    keys::{BlockKey, KeyContext, prompt_keys},
     load::{LoadTracker, LocalLoad, Pending, RouteMemory, WorkerRoutes},
     metrics::{Metrics, PickLabels, ReasonLabels},
     prompt::Prompt,
@@ -54,6 +54,47 @@ pub struct PickInput {
     pub cache_salt: Option<String>,
 }
 
+/// A request whose prompt is already token ids (see [`Picker::pick_ids`]).
+#[derive(Debug, Clone)]
+pub struct IdsInput {
+    pub request_id: String,
+    pub tenant: String,
+    pub model: String,
+    pub token_ids: Vec<u32>,
+    pub cache_salt: Option<String>,
+}
+
+/// When a pick happens and the `random` policy's draw for it. The service
+/// picks at [`PickAt::now`]; the benchmark passes virtual instants and
+/// seeded draws, so its runs repeat.
+#[derive(Debug, Clone, Copy)]
+pub struct PickAt {
+    /// Stamps the route memory and the in-flight entry, and ages both.
+    pub now: Instant,
+    pub random: u64,
+}
+
+/// What a pick sees of every worker of the model, for one prompt.
+#[derive(Debug, Clone)]
+pub struct Sight {
+    pub keys: Vec<BlockKey>,
+    /// The prompt's blocks cached on each worker, in the model's order.
+    pub found: Vec<Option<WorkerMatch>>,
+    pub views: Vec<WorkerView>,
+    pub request: Request,
+    /// The index could not answer (no worker has matches then).
+    pub index_error: Option<String>,
+}
+
+/// The parts of a request a pick needs besides its prompt.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    request_id: &'a str,
+    tenant: &'a str,
+    model: &'a str,
+    cache_salt: Option<&'a str>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// A real pick: records in-flight load, advances round-robin, counts metrics.
@@ -100,6 +141,18 @@ pub fn policy_name(p: Policy) -> &'static str {
         Policy::LeastRequest => "least_request",
         Policy::PrefixOnly => "prefix_only",
         Policy::Kvsteer => "kvsteer",
+    }
+}
+
+// === impl PickAt ===
+
+impl PickAt {
+    /// Now, with a fresh draw.
+    pub fn now() -> Self {
+        Self {
+            now: Instant::now(),
+            random: rand::random(),
+        }
     }
 }
 
@@ -183,11 +236,68 @@ impl Picker {
     }
 
     pub async fn pick(&self, input: PickInput, mode: Mode) -> Outcome {
+        let PickInput {
+            request_id,
+            tenant,
+            model,
+            prompt,
+            cache_salt,
+        } = input;
+        let target = Target {
+            request_id: &request_id,
+            tenant: &tenant,
+            model: &model,
+            cache_salt: cache_salt.as_deref(),
+        };
+        let ids = |m: &Model| prompt.and_then(|p| self.tokenize(m, &p));
+        self.place(target, ids, mode, PickAt::now()).await
+    }
+
+    /// A pick of a prompt already tokenized, at a given moment: what
+    /// [`Picker::pick`] does after tokenizing. The benchmark drives the
+    /// service's picks through this with virtual instants and seeded draws.
+    pub async fn pick_ids(&self, input: IdsInput, mode: Mode, at: PickAt) -> Outcome {
+        let target = Target {
+            request_id: &input.request_id,
+            tenant: &input.tenant,
+            model: &input.model,
+            cache_salt: input.cache_salt.as_deref(),
+        };
+        let ids = input.token_ids;
+        self.place(target, |_| Ok(ids), mode, at).await
+    }
+
+    /// What a pick of `token_ids` would see of every worker of `model` at
+    /// `now`, changing nothing; `None` for an unknown model. For routers
+    /// that score with their own rules on the service's view (the
+    /// benchmark's peer policies).
+    pub async fn sight(
+        &self,
+        model: &str,
+        token_ids: &[u32],
+        cache_salt: Option<&str>,
+        now: Instant,
+    ) -> Option<Sight> {
+        let model = self.models.get(model)?;
+        Some(self.look(model, token_ids, cache_salt, now).await)
+    }
+
+    /// The pick proper, once the prompt's model is known: `ids` gives its
+    /// token ids (or why there are none: the pick degrades to load only),
+    /// `at` its moment and draw.
+    async fn place(
+        &self,
+        target: Target<'_>,
+        ids: impl FnOnce(&Model) -> Result<Vec<u32>, String>,
+        mode: Mode,
+        at: PickAt,
+    ) -> Outcome {
+        // Wall time, for the pick latency histogram (tokenizing included).
         let start = Instant::now();
         let policy = policy_name(self.policy);
-        let tenant = self.metrics.tenant_label(&input.tenant);
-        let Some(model) = self.models.get(&input.model) else {
-            let out = empty(policy, format!("unknown_model: {:?}", input.model));
+        let tenant = self.metrics.tenant_label(target.tenant);
+        let Some(model) = self.models.get(target.model) else {
+            let out = empty(policy, format!("unknown_model: {:?}", target.model));
             self.count(mode, policy, "unknown_model", &tenant, start);
             return out;
         };
@@ -198,7 +308,7 @@ impl Picker {
 
         let mut reason = String::new();
         let mut degraded: Option<&'static str> = None;
-        let ids = match input.prompt.and_then(|p| self.tokenize(model, &p)) {
+        let ids = match ids(model) {
             Ok(ids) => ids,
             Err(e) => {
                 degraded = Some("tokenize_failed");
@@ -207,60 +317,26 @@ impl Picker {
             }
         };
         let prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
-        let mut matches = HashMap::new();
-        let keys = if ids.is_empty() {
-            Vec::new()
-        } else {
-            prompt_keys(&model.keys, input.cache_salt.as_deref(), &ids)
-        };
-        if !keys.is_empty() {
-            match self.index.lookup(&keys).await {
-                Ok(found) => matches.extend(found.into_iter().map(|m| (m.worker, m))),
-                Err(e) => {
-                    degraded = Some("index_unavailable");
-                    reason = format!("index_unavailable: {e}");
-                }
-            }
+        let sight = self.look(model, &ids, target.cache_salt, at.now).await;
+        if let Some(e) = &sight.index_error {
+            degraded = Some("index_unavailable");
+            reason = format!("index_unavailable: {e}");
         }
-
-        let loads = self.load.snapshot();
-        let routes = self.routes.lookup(&keys, start);
-        let views: Vec<WorkerView> = model
-            .workers
-            .iter()
-            .map(|&i| {
-                let w = self
-                    .workers
-                    .get(i)
-                    .expect("model workers come from the registry");
-                worker_view(
-                    w.cfg.metrics.is_none() || w.health.is_up(self.down_after),
-                    matches.get(&w.id),
-                    model.block_size,
-                    &loads.get(i).copied().unwrap_or_default(),
-                    w.health.load(),
-                    routes.worker(i),
-                )
-            })
-            .collect();
         let counter = match mode {
             Mode::Commit => self.counter.fetch_add(1, Relaxed),
             Mode::DryRun => self.counter.load(Relaxed),
         };
         let turn = Turn {
             counter,
-            random: rand::random(),
+            random: at.random,
         };
-        let request = Request {
-            prompt_tokens,
-            seen_tokens: routes.seen_tokens(model.block_size),
-        };
-        let ranked = scoring::rank(self.policy, &self.scoring, request, &views, turn);
+        let views = &sight.views;
+        let ranked = scoring::rank(self.policy, &self.scoring, sight.request, views, turn);
 
         let candidates: Vec<Candidate> = model
             .workers
             .iter()
-            .zip(&views)
+            .zip(views)
             .map(|(&i, v)| {
                 let w = self.workers.get(i).expect("registry");
                 Candidate {
@@ -296,15 +372,16 @@ impl Picker {
         };
 
         if mode == Mode::Commit {
+            let request_id = target.request_id;
             self.routes
-                .record(&input.request_id, chosen.worker, &keys, start);
-            if !input.request_id.is_empty() {
+                .record(request_id, chosen.worker, &sight.keys, at.now);
+            if !request_id.is_empty() {
                 self.load.on_pick(
-                    &input.request_id,
+                    request_id,
                     Pending {
                         worker: chosen.worker,
                         prediction: best.prediction,
-                        picked_at: start,
+                        picked_at: at.now,
                         first_token_at: None,
                         tenant: tenant.clone(),
                         policy,
@@ -333,6 +410,63 @@ impl Picker {
             self.count(mode, policy, "routed", &tenant, start);
         }
         outcome
+    }
+
+    /// The prompt's keys, where its blocks are cached, and one view per
+    /// worker of `model` (in its order) at `now`.
+    async fn look(
+        &self,
+        model: &Model,
+        ids: &[u32],
+        cache_salt: Option<&str>,
+        now: Instant,
+    ) -> Sight {
+        let keys = if ids.is_empty() {
+            Vec::new()
+        } else {
+            prompt_keys(&model.keys, cache_salt, ids)
+        };
+        let mut matches = HashMap::new();
+        let mut index_error = None;
+        if !keys.is_empty() {
+            match self.index.lookup(&keys).await {
+                Ok(found) => matches.extend(found.into_iter().map(|m| (m.worker, m))),
+                Err(e) => index_error = Some(e.to_string()),
+            }
+        }
+        let loads = self.load.snapshot();
+        let routes = self.routes.lookup(&keys, now);
+        let (found, views) = model
+            .workers
+            .iter()
+            .map(|&i| {
+                let w = self
+                    .workers
+                    .get(i)
+                    .expect("model workers come from the registry");
+                let found = matches.remove(&w.id);
+                let view = worker_view(
+                    w.cfg.metrics.is_none() || w.health.is_up(self.down_after),
+                    found.as_ref(),
+                    model.block_size,
+                    &loads.get(i).copied().unwrap_or_default(),
+                    w.health.load(),
+                    routes.worker(i),
+                );
+                (found, view)
+            })
+            .unzip();
+        let request = Request {
+            prompt_tokens: u32::try_from(ids.len()).unwrap_or(u32::MAX),
+            seen_tokens: routes.seen_tokens(model.block_size),
+        };
+        Sight {
+            keys,
+            found,
+            views,
+            request,
+            index_error,
+        }
     }
 
     fn count(
@@ -583,6 +717,102 @@ workers:
         }
         let third = p.pick(input("r3", "m"), Mode::Commit).await;
         assert_ne!(third.decision.worker, first.decision.worker);
+    }
+
+    fn ids_input(id: &str, token_ids: Vec<u32>) -> IdsInput {
+        IdsInput {
+            request_id: id.into(),
+            tenant: "t".into(),
+            model: "m".into(),
+            token_ids,
+            cache_salt: None,
+        }
+    }
+
+    /// Token ids need no tokenizer, and the moment is the caller's: the
+    /// route memory ages by it, not by the wall clock.
+    #[tokio::test]
+    async fn picks_of_token_ids_run_at_the_given_moment() {
+        let p = picker("kvsteer");
+        // Far from the wall clock: a pick stamped `Instant::now()` would be
+        // out of every window by then.
+        let t0 = Instant::now() + std::time::Duration::from_secs(1_000);
+        let at = |s: u64| PickAt {
+            now: t0 + std::time::Duration::from_secs(s),
+            random: 0,
+        };
+        let first = p
+            .pick_ids(ids_input("r1", vec![7; 64]), Mode::Commit, at(0))
+            .await;
+        assert!(!first.decision.degraded, "{:?}", first.decision);
+        assert_eq!(first.decision.prompt_tokens, 64);
+        let twin = p
+            .pick_ids(ids_input("r2", vec![7; 64]), Mode::Commit, at(1))
+            .await;
+        assert_eq!(twin.decision.worker, first.decision.worker);
+        // The route memory ages by the given moments: within the placement
+        // window the prompt is known, an hour later it is not.
+        for (s, request) in [(2, Request::seen(64)), (3_600, Request::unseen(64))] {
+            let sight = p.sight("m", &[7; 64], None, at(s).now).await.unwrap();
+            assert_eq!(sight.request, request, "at {s} s");
+        }
+        let unknown = IdsInput {
+            model: "x".into(),
+            ..ids_input("r4", vec![7; 64])
+        };
+        let out = p.pick_ids(unknown, Mode::Commit, at(3_601)).await;
+        assert!(out.decision.reason.starts_with("unknown_model"));
+    }
+
+    /// The random policy draws from the caller's number: the same draws
+    /// give the same picks.
+    #[tokio::test]
+    async fn random_picks_follow_the_given_draws() {
+        let picks = |draws: Vec<u64>| async move {
+            let p = picker("random");
+            let mut out = Vec::new();
+            for (i, random) in draws.into_iter().enumerate() {
+                let at = PickAt {
+                    now: Instant::now(),
+                    random,
+                };
+                let id = format!("r{i}");
+                let o = p
+                    .pick_ids(ids_input(&id, vec![1; 32]), Mode::Commit, at)
+                    .await;
+                out.push(o.decision.worker);
+            }
+            out
+        };
+        let draws: Vec<u64> = (0..16u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        let a = picks(draws.clone()).await;
+        assert_eq!(a, picks(draws).await);
+        assert!(a.iter().any(|w| w != &a[0]), "{a:?}");
+    }
+
+    #[tokio::test]
+    async fn a_sight_changes_nothing() {
+        let p = picker("kvsteer");
+        let now = Instant::now();
+        p.pick_ids(
+            ids_input("r1", vec![7; 64]),
+            Mode::Commit,
+            PickAt { now, random: 0 },
+        )
+        .await;
+        let a = p.sight("m", &[7; 64], None, now).await.unwrap();
+        let b = p.sight("m", &[7; 64], None, now).await.unwrap();
+        assert_eq!(a.views, b.views);
+        assert_eq!(a.keys.len(), 4);
+        assert_eq!(a.found, vec![None, None]);
+        assert_eq!(a.request, Request::seen(64));
+        // The queued twin shows on one worker only.
+        let queued: Vec<u32> = a.views.iter().map(|v| v.queued_hit_tokens).collect();
+        assert!(queued.contains(&64) && queued.contains(&0), "{queued:?}");
+        assert_eq!(p.load().len(), 1);
+        assert!(p.sight("x", &[7; 64], None, now).await.is_none());
     }
 
     /// A backend whose every call fails, like Redis when it is down.

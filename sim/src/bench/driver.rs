@@ -281,7 +281,7 @@ impl Sim<'_> {
         });
         if added.is_err() {
             // The filter would report the error response as done.
-            self.router.done(id);
+            self.router.done(id, now);
             return id;
         }
         self.in_flight += 1;
@@ -329,7 +329,7 @@ impl Sim<'_> {
             l.ttft_sum += f.first_token_at - f.arrival;
             l.count += 1.0;
             self.in_flight -= 1;
-            self.router.done(f.id);
+            self.router.done(f.id, f.finished_at);
             if let Some((session, turn)) = self.session_of.remove(&f.id) {
                 let generated = self.outputs.remove(&f.id).unwrap_or_default();
                 if let Some(state) = self.sessions.get_mut(&session) {

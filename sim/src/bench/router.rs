@@ -1,28 +1,32 @@
-//! The router in virtual time: the indexer's own index, load tracker and
-//! scoring, driven with virtual timestamps instead of a wall clock.
+//! The router in virtual time: the indexer's own `Picker` (index, load
+//! tracker, route memory, scoring) driven with virtual timestamps instead
+//! of a wall clock.
 //!
-//! A pick does what `kvsteer_indexer::picker::Picker::pick` does after
-//! tokenizing (keys → `Index::lookup` and `RouteMemory::lookup` → one
-//! `WorkerView` per worker from `picker::worker_view` → `scoring::rank` →
-//! `RouteMemory::record` and `LoadTracker::on_pick`), and a first-token report does
-//! what `Picker::report` does (`on_first_token` → `calibrate` → `set_rate`).
-//! The `Picker` itself cannot be driven here: it tokenizes text (we have
-//! token ids), draws `rand::random()` for the random policy and stamps picks
-//! with `Instant::now()`. Virtual time maps onto `Instant`s as
-//! `base + t`, so the tracker's durations are virtual durations.
+//! The indexer's policies pick with `Picker::pick_ids` (what `Picker::pick`
+//! does after tokenizing: we have token ids) at `base + t` with a seeded
+//! draw for `random`, and reports go through `Picker::report`; scrapes are
+//! recorded in the workers' `Health` as the service's scrape loop does. The
+//! peer policies score `Picker::sight` (the same lookup and views, changing
+//! nothing) with their own rules and record their picks in the load tracker
+//! so that their predictions are measured alike. Virtual time maps onto
+//! `Instant`s as `base + t`, so the tracker's durations are virtual durations.
 
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
-use kvsteer_indexer::config::ScoringConfig;
-use kvsteer_indexer::index::{Index, WorkerMatch};
-use kvsteer_indexer::keys::{KeyContext, prompt_keys};
-use kvsteer_indexer::load::{LoadTracker, Pending, RouteMemory};
-use kvsteer_indexer::picker::{ROUTE_ENTRIES, worker_view};
-use kvsteer_indexer::scoring::{
-    self, HistogramMean, Prediction, Request, ScrapedLoad, Turn, WorkerView,
-};
+use kvsteer_indexer::app::build_picker;
+use kvsteer_indexer::config::{Config, ModelConfig, ScoringConfig, WorkerConfig};
+use kvsteer_indexer::index::Index;
+use kvsteer_indexer::load::Pending;
+use kvsteer_indexer::picker::{IdsInput, Mode, PickAt, Picker, Sight};
+use kvsteer_indexer::report::ReportKind;
+use kvsteer_indexer::scoring::{self, HistogramMean, Prediction, ScrapedLoad};
+use kvsteer_indexer::workers::Workers;
 use kvsteer_kv_events::decode_batch;
+use prometheus_client::registry::Registry;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -32,21 +36,19 @@ use crate::engine::EngineStats;
 
 /// The model name the simulated workers serve (keys are seeded by it).
 pub const MODEL: &str = "kvsteer-sim/bench";
-/// Index capacity, `(block, worker)` entries (the service's default).
-const INDEX_CAPACITY: usize = kvsteer_indexer::config::DEFAULT_INDEX_CAPACITY;
+/// The tenant of every bench request.
+const TENANT: &str = "bench";
 
 pub struct VirtualRouter {
     policy: BenchPolicy,
-    scoring: ScoringConfig,
-    keys: KeyContext,
-    block_size: u32,
+    picker: Arc<Picker>,
+    workers: Arc<Workers>,
     index: Index,
-    load: LoadTracker,
-    routes: RouteMemory,
+    block_size: u32,
     base: Instant,
+    /// Tie-break rotation of the peer policies (the picker keeps its own).
     counter: usize,
     rng: ChaCha8Rng,
-    scraped: Vec<Option<ScrapedLoad>>,
     dynamo: DynamoLike,
     sglang: SglangLike,
     /// KV batches that failed to decode or had skipped blocks.
@@ -79,23 +81,38 @@ impl VirtualRouter {
         block_size: u32,
         seed: u64,
     ) -> Self {
-        let index = Index::memory(INDEX_CAPACITY);
-        for w in 0..workers {
-            index.register_worker(w as u32, MODEL, block_size);
-        }
-        let ttl = Duration::from_secs(scoring.in_flight_ttl_s);
-        Self {
-            load: LoadTracker::new(workers, scoring.prefill_rate_prior, ttl),
-            routes: RouteMemory::new(workers, &scoring, ROUTE_ENTRIES),
-            policy,
+        let mut cfg = Config {
+            models: vec![ModelConfig {
+                name: MODEL.to_owned(),
+                tokenizer: PathBuf::new(),
+                block_size,
+            }],
+            workers: (0..workers)
+                .map(|w| WorkerConfig {
+                    name: format!("w{w}"),
+                    endpoint: format!("sim-{w}:8000"),
+                    model: MODEL.to_owned(),
+                    ..WorkerConfig::default()
+                })
+                .collect(),
             scoring,
-            keys: KeyContext::new(MODEL, None, block_size),
-            block_size,
+            ..Config::default()
+        };
+        if let BenchPolicy::Indexer(p) = policy {
+            cfg.scoring.policy = p.into();
+        }
+        // The bench reads no metrics: they are counted and dropped.
+        let (picker, registry, index, _) =
+            build_picker(&cfg, HashMap::new(), &mut Registry::default());
+        Self {
+            policy,
+            picker,
+            workers: registry,
             index,
+            block_size,
             base: Instant::now(),
             counter: 0,
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x0007_a11e),
-            scraped: vec![None; workers],
             dynamo: DynamoLike::new(workers),
             sglang: SglangLike::new(workers, block_size),
             event_errors: 0,
@@ -107,87 +124,78 @@ impl VirtualRouter {
     }
 
     pub fn pick(&mut self, id: u64, prompt: &[u32], now: f64) -> Choice {
-        let n = self.scraped.len();
-        let prompt_tokens = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
-        let keys = prompt_keys(&self.keys, None, prompt);
-        let matches: Vec<WorkerMatch> = if keys.is_empty() {
-            Vec::new()
-        } else {
-            // The memory backend answers inline; an error cannot happen there
-            // but would degrade to "no matches" like the service.
-            block_on(self.index.lookup(&keys)).unwrap_or_default()
-        };
-        let mut found: Vec<Option<WorkerMatch>> = vec![None; n];
-        for m in matches {
-            if let Some(slot) = found.get_mut(m.worker as usize) {
-                *slot = Some(m);
-            }
-        }
-        let loads = self.load.snapshot();
-        let at = self.instant(now);
-        let routes = self.routes.lookup(&keys, at);
-        let views: Vec<WorkerView> = (0..n)
-            .map(|w| {
-                worker_view(
-                    true,
-                    found[w].as_ref(),
-                    self.block_size,
-                    &loads[w],
-                    self.scraped[w],
-                    routes.worker(w),
-                )
-            })
-            .collect();
-        let turn = Turn {
-            counter: self.counter,
+        let at = PickAt {
+            now: self.instant(now),
             random: self.rng.next_u64(),
         };
-        self.counter += 1;
-        let tie = |w: usize| (w + n - turn.counter % n) % n;
-        let worker = match self.policy {
-            BenchPolicy::Indexer(p) => {
-                let request = Request {
-                    prompt_tokens,
-                    seen_tokens: routes.seen_tokens(self.block_size),
-                };
-                scoring::rank(p.into(), &self.scoring, request, &views, turn)
-                    .first()
-                    .map_or(0, |r| r.index)
-            }
-            BenchPolicy::DynamoLike => {
-                let peer: Vec<PeerView> = found
-                    .iter()
-                    .map(|m| PeerView {
-                        cached_blocks: m.as_ref().map_or(0, |m| m.gpu_blocks),
-                    })
-                    .collect();
-                self.dynamo
-                    .choose(prompt_tokens, self.block_size, &keys, &peer, tie)
-            }
-            BenchPolicy::SglangLike => self.sglang.choose(prompt_tokens, &keys, now, tie),
-        };
-        let prediction = scoring::predict(&self.scoring, prompt_tokens, &views[worker]);
         let request_id = id.to_string();
         match self.policy {
-            BenchPolicy::DynamoLike => self.dynamo.on_pick(
-                id,
-                worker,
-                prompt_tokens,
-                self.block_size,
-                keys,
-                found[worker].as_ref().map_or(0, |m| m.gpu_blocks),
-            ),
-            BenchPolicy::SglangLike => self.sglang.on_pick(id, worker, &keys),
-            BenchPolicy::Indexer(_) => self.routes.record(&request_id, worker, &keys, at),
+            BenchPolicy::Indexer(_) => {
+                let input = IdsInput {
+                    request_id,
+                    tenant: TENANT.to_owned(),
+                    model: MODEL.to_owned(),
+                    token_ids: prompt.to_vec(),
+                    cache_salt: None,
+                };
+                let out = block_on(self.picker.pick_ids(input, Mode::Commit, at));
+                let c = out
+                    .candidates
+                    .iter()
+                    .find(|c| c.name == out.decision.worker)
+                    .expect("the bench registers its model and workers");
+                Choice {
+                    worker: c.worker,
+                    prediction: c.prediction,
+                    matched_tokens: c.matched_tokens,
+                }
+            }
+            BenchPolicy::DynamoLike | BenchPolicy::SglangLike => {
+                self.peer_pick(id, &request_id, prompt, now)
+            }
         }
-        self.load.on_pick(
-            &request_id,
+    }
+
+    /// A peer policy's pick on the service's view of the workers.
+    fn peer_pick(&mut self, id: u64, request_id: &str, prompt: &[u32], now: f64) -> Choice {
+        let at = self.instant(now);
+        let prompt_tokens = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
+        let Sight {
+            keys, found, views, ..
+        } = block_on(self.picker.sight(MODEL, prompt, None, at))
+            .expect("the bench registers its model");
+        let n = views.len().max(1);
+        let counter = self.counter;
+        self.counter += 1;
+        let tie = |w: usize| (w + n - counter % n) % n;
+        let cached = |w: usize| found[w].as_ref().map_or(0, |m| m.gpu_blocks);
+        let worker = if self.policy == BenchPolicy::DynamoLike {
+            let peer: Vec<PeerView> = (0..views.len())
+                .map(|w| PeerView {
+                    cached_blocks: cached(w),
+                })
+                .collect();
+            let w = self
+                .dynamo
+                .choose(prompt_tokens, self.block_size, &keys, &peer, tie);
+            self.dynamo
+                .on_pick(id, w, prompt_tokens, self.block_size, keys, cached(w));
+            w
+        } else {
+            let w = self.sglang.choose(prompt_tokens, &keys, now, tie);
+            self.sglang.on_pick(id, w, &keys);
+            w
+        };
+        let scoring = self.picker.scoring();
+        let prediction = scoring::predict(scoring, prompt_tokens, &views[worker]);
+        self.picker.load().on_pick(
+            request_id,
             Pending {
                 worker,
                 prediction,
                 picked_at: at,
                 first_token_at: None,
-                tenant: "bench".to_owned(),
+                tenant: TENANT.to_owned(),
                 policy: self.policy.name(),
             },
         );
@@ -201,31 +209,19 @@ impl VirtualRouter {
     /// The filter's first-token report (`Picker::report(FirstToken)`).
     pub fn first_token(&mut self, id: u64, now: f64) {
         self.dynamo.on_first_token(id);
-        let request_id = id.to_string();
-        self.routes.prefilled(&request_id);
         let at = self.instant(now);
-        let Some(p) = self.load.on_first_token(&request_id, at) else {
-            return;
-        };
-        let observed_ms = at.saturating_duration_since(p.picked_at).as_secs_f64() * 1000.0;
-        let current = self
-            .load
-            .snapshot()
-            .get(p.worker)
-            .map_or(self.scoring.prefill_rate_prior, |l| l.prefill_rate);
-        let next = scoring::calibrate(&self.scoring, current, &p.prediction, observed_ms);
-        if next != current {
-            self.load.set_rate(p.worker, next);
-        }
+        // No filter-side measure: the time since the pick is the TTFT.
+        self.picker
+            .report(&id.to_string(), ReportKind::FirstToken, 0.0, at);
     }
 
     /// The filter's done report.
-    pub fn done(&mut self, id: u64) {
+    pub fn done(&mut self, id: u64, now: f64) {
         self.dynamo.on_done(id);
         self.sglang.on_done(id);
-        let request_id = id.to_string();
-        self.routes.prefilled(&request_id);
-        self.load.on_finish(&request_id);
+        let at = self.instant(now);
+        self.picker
+            .report(&id.to_string(), ReportKind::Done, 0.0, at);
     }
 
     /// One KV event payload as it came off the wire.
@@ -245,35 +241,30 @@ impl VirtualRouter {
     /// service does both on its scrape timer). `latency` is each engine's
     /// cumulative e2e and TTFT histogram (sum, count), as `/metrics` has them.
     pub fn scrape(&mut self, stats: &[EngineStats], latency: &[Latency], now: f64) {
-        for ((slot, s), l) in self.scraped.iter_mut().zip(stats).zip(latency) {
-            let prev = slot.as_ref();
-            let mut e2e = HistogramMean {
-                sum: l.e2e_sum,
+        let at = self.instant(now);
+        for ((w, s), l) in self.workers.iter().zip(stats).zip(latency) {
+            let histogram = |sum| HistogramMean {
+                sum,
                 count: l.count,
                 mean: None,
             };
-            let mut ttft = HistogramMean {
-                sum: l.ttft_sum,
-                count: l.count,
-                mean: None,
-            };
-            e2e.follow(prev.map(|p| &p.e2e));
-            ttft.follow(prev.map(|p| &p.ttft));
-            *slot = Some(ScrapedLoad {
+            let load = ScrapedLoad {
                 waiting: s.waiting as f64,
                 running: s.running as f64,
                 kv_usage: s.kv_usage,
                 kv_capacity_tokens: (s.num_gpu_blocks as f64) * f64::from(self.block_size),
-                e2e,
-                ttft,
-            });
+                e2e: histogram(l.e2e_sum),
+                ttft: histogram(l.ttft_sum),
+            };
+            w.health.record(Ok(load), at);
         }
-        self.load.expire(self.instant(now));
+        self.picker.load().expire(at);
     }
 
     /// Calibrated prefill rate per worker (tokens/s).
     pub fn prefill_rates(&self) -> Vec<f64> {
-        self.load
+        self.picker
+            .load()
             .snapshot()
             .iter()
             .map(|l| l.prefill_rate)
@@ -330,11 +321,16 @@ mod tests {
         assert_eq!(c.matched_tokens, 992);
         // The pick is now in flight there; the report calibrates and releases it.
         r.first_token(10, 1.2);
-        r.done(10);
-        assert!(r.load.is_empty());
+        r.done(10, 1.5);
+        assert!(r.picker.load().is_empty());
         // A garbage payload is counted, not fatal.
         r.apply_events(0, b"not msgpack");
         assert_eq!(r.event_errors, 1);
+    }
+
+    /// Worker 0's scrape as the picker sees it.
+    fn scraped(r: &VirtualRouter) -> ScrapedLoad {
+        r.workers.get(0).and_then(|w| w.health.load()).unwrap()
     }
 
     #[test]
@@ -348,15 +344,15 @@ mod tests {
             count,
         };
         r.scrape(&stats, &[at(0.0, 0.0, 0.0)], 1.0);
-        assert_eq!(r.scraped[0].unwrap().slot_time_s(), None);
+        assert_eq!(scraped(&r).slot_time_s(), None);
         // Two requests of 4 s with 1 s to the first token: 3 s per slot.
         r.scrape(&stats, &[at(8.0, 2.0, 2.0)], 2.0);
-        assert_eq!(r.scraped[0].unwrap().slot_time_s(), Some(3.0));
+        assert_eq!(scraped(&r).slot_time_s(), Some(3.0));
         // Nothing new: unchanged; one request of 14 s moves the mean by alpha.
         r.scrape(&stats, &[at(8.0, 2.0, 2.0)], 3.0);
-        assert_eq!(r.scraped[0].unwrap().e2e.mean, Some(4.0));
+        assert_eq!(scraped(&r).e2e.mean, Some(4.0));
         r.scrape(&stats, &[at(22.0, 3.0, 3.0)], 4.0);
-        let e2e = r.scraped[0].unwrap().e2e.mean.unwrap();
+        let e2e = scraped(&r).e2e.mean.unwrap();
         assert!(
             (e2e - (4.0 + kvsteer_indexer::scoring::MEAN_ALPHA * 10.0)).abs() < 1e-9,
             "{e2e}"
@@ -372,7 +368,7 @@ mod tests {
             (0..32u64)
                 .map(|i| {
                     let w = r.pick(i, &prompt, i as f64).worker;
-                    r.done(i);
+                    r.done(i, i as f64);
                     w
                 })
                 .collect::<Vec<_>>()
