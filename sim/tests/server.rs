@@ -428,3 +428,51 @@ async fn many_concurrent_streams_complete_and_bad_input_is_rejected() {
     ));
     h.server.shutdown().await;
 }
+
+/// `return_token_ids`: the ids streamed are the engine's own output, so a
+/// next turn made of prompt + generated ids + a new message finds the
+/// generated blocks cached; a whole response carries both id lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returned_token_ids_make_the_next_turn_hit_its_answer() {
+    use kvsteer_sim::live::client::stream_request;
+    let h = Harness::start(config(4096, 4096)).await;
+    let url = format!("{}/v1/completions", h.base);
+    let body = |prompt: &[u32], stream: bool| {
+        json!({
+            "model": "sim-model",
+            "prompt": prompt,
+            "max_tokens": 32,
+            "ignore_eos": true,
+            "stream": stream,
+            "return_token_ids": true,
+        })
+    };
+    let prompt: Vec<u32> = (0..64).map(|i| 1_000 + i).collect();
+    let first = stream_request(&h.http, &url, &body(&prompt, true))
+        .await
+        .unwrap();
+    assert_eq!(first.status, 200);
+    assert_eq!(first.token_ids.len(), 32);
+    let mut next = prompt.clone();
+    next.extend_from_slice(&first.token_ids);
+    next.extend((0..16).map(|i| 2_000 + i));
+    let (status, whole) = h
+        .post("/v1/completions", &body(&next, false).to_string())
+        .await;
+    assert_eq!(status, 200, "{whole}");
+    // Blocks of 16: the prompt's 4, and the answer's full blocks after it
+    // (its last token never enters the cache).
+    assert_eq!(whole["usage"]["prompt_tokens_details"]["cached_tokens"], 80);
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["token_ids"].as_array().unwrap().len(), 32);
+    assert_eq!(choice["prompt_token_ids"], json!(next));
+    // Without the flag, no ids.
+    let (_, plain) = h
+        .post(
+            "/v1/completions",
+            &json!({"model": "sim-model", "prompt": prompt, "max_tokens": 2}).to_string(),
+        )
+        .await;
+    assert!(plain["choices"][0].get("token_ids").is_none(), "{plain}");
+    h.server.shutdown().await;
+}

@@ -21,6 +21,9 @@ pub struct Observed {
     pub completion_tokens: u64,
     /// The generated text (streamed deltas joined).
     pub text: String,
+    /// The generated token ids, when the request asked for them
+    /// (`return_token_ids`).
+    pub token_ids: Vec<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,10 +87,19 @@ impl Observed {
             .or_else(|| v.pointer("/choices/0/text"))
             .and_then(Value::as_str)
             .unwrap_or("");
-        if !delta.is_empty() {
+        let ids = v
+            .pointer("/choices/0/token_ids")
+            .and_then(Value::as_array)
+            .map_or(&[][..], Vec::as_slice);
+        if !delta.is_empty() || !ids.is_empty() {
             self.ttft.get_or_insert_with(|| start.elapsed());
             self.text.push_str(delta);
         }
+        self.token_ids.extend(
+            ids.iter()
+                .filter_map(Value::as_u64)
+                .filter_map(|id| u32::try_from(id).ok()),
+        );
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
             let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
             self.prompt_tokens = n("/prompt_tokens");
@@ -141,12 +153,20 @@ mod tests {
             t,
         );
         assert!(o.ttft.is_none());
-        o.absorb(r#"{"choices":[{"delta":{"content":"hi"}}]}"#, t);
+        o.absorb(
+            r#"{"choices":[{"delta":{"content":"hi"},"token_ids":[7]}]}"#,
+            t,
+        );
+        o.absorb(
+            r#"{"choices":[{"delta":{"content":""},"token_ids":[9]}]}"#,
+            t,
+        );
         o.absorb(r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":8}}}"#, t);
         assert!(o.ttft.is_some());
         assert_eq!(
             (o.text.as_str(), o.prompt_tokens, o.cached_tokens),
             ("hi", 10, 8)
         );
+        assert_eq!(o.token_ids, vec![7, 9]);
     }
 }

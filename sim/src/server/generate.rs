@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::engine_loop::{Command, Delta, STREAM_CAPACITY};
 use super::error::ApiError;
-use super::openai::{Api, ResponseMeta, SSE_DONE, SamplingParams, sse_data};
+use super::openai::{Api, ResponseMeta, SSE_DONE, SamplingParams, sse_data, with_token_ids};
 use super::routes::{Shared, parse_json, unix_now};
 use crate::engine::{FinishReason, SimRequest, Usage};
 
@@ -98,6 +98,8 @@ async fn generate(state: Shared, api: Api, body: Bytes) -> Result<Response, ApiE
             )));
         }
     };
+    // Kept for a whole response with `return_token_ids`.
+    let prompt_ids = (params.return_token_ids && !params.stream).then(|| prompt.clone());
     let seq = state.next_id.fetch_add(1, Ordering::Relaxed);
     let (stream_tx, stream_rx) = mpsc::channel(STREAM_CAPACITY);
     let (reply_tx, reply_rx) = oneshot::channel();
@@ -131,28 +133,33 @@ async fn generate(state: Shared, api: Api, body: Bytes) -> Result<Response, ApiE
         model: state.model.clone(),
     };
     if params.stream {
-        Ok(stream_response(
-            state,
-            meta,
-            params.include_usage,
-            stream_rx,
-        ))
+        Ok(stream_response(state, meta, params, stream_rx))
     } else {
-        collect_response(state, meta, stream_rx).await
+        collect_response(state, meta, prompt_ids, stream_rx).await
     }
 }
 
+/// A whole response; `prompt_ids` when the request asked for token ids.
 async fn collect_response(
     state: Shared,
     meta: ResponseMeta,
+    prompt_ids: Option<Vec<u32>>,
     mut rx: mpsc::Receiver<Delta>,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut ids = Vec::new();
     while let Some(delta) = rx.recv().await {
         match delta {
-            Delta::Token(id) => text.push_str(state.token_text.get(&id).map_or("", String::as_str)),
+            Delta::Token(id) => {
+                text.push_str(state.token_text.get(&id).map_or("", String::as_str));
+                ids.push(id);
+            }
             Delta::Finished { reason, usage } => {
-                return Ok(axum::Json(meta.full(&text, reason, &usage)).into_response());
+                let mut body = meta.full(&text, reason, &usage);
+                if let Some(prompt) = &prompt_ids {
+                    body = with_token_ids(body, &ids, Some(prompt));
+                }
+                return Ok(axum::Json(body).into_response());
             }
         }
     }
@@ -166,12 +173,20 @@ async fn collect_response(
 fn stream_response(
     state: Shared,
     meta: ResponseMeta,
-    include_usage: bool,
+    params: SamplingParams,
     mut rx: mpsc::Receiver<Delta>,
 ) -> Response {
     let (tx, body_rx) = mpsc::channel::<Result<Bytes, std::convert::Infallible>>(STREAM_CAPACITY);
     tokio::spawn(async move {
         let text = |id: u32| state.token_text.get(&id).map_or("", String::as_str);
+        // One token's chunk, with its id when asked.
+        let token = |id: Option<u32>, reason: Option<FinishReason>| {
+            let chunk = meta.chunk(Some(id.map_or("", text)), false, reason);
+            match id {
+                Some(id) if params.return_token_ids => with_token_ids(chunk, &[id], None),
+                _ => chunk,
+            }
+        };
         if meta.api == Api::Chat
             && tx
                 .send(Ok(sse_data(&meta.chunk(Some(""), true, None))))
@@ -187,7 +202,7 @@ fn stream_response(
                 Delta::Token(id) => {
                     if let Some(prev) = held.replace(id)
                         && tx
-                            .send(Ok(sse_data(&meta.chunk(Some(text(prev)), false, None))))
+                            .send(Ok(sse_data(&token(Some(prev), None))))
                             .await
                             .is_err()
                     {
@@ -203,9 +218,8 @@ fn stream_response(
         let Some((reason, usage)) = finish else {
             return;
         };
-        let last = held.map_or("", text);
-        let mut tail = vec![sse_data(&meta.chunk(Some(last), false, Some(reason)))];
-        if include_usage {
+        let mut tail = vec![sse_data(&token(held, Some(reason)))];
+        if params.include_usage {
             tail.push(sse_data(&meta.usage_chunk(&usage)));
         }
         tail.push(Bytes::from_static(SSE_DONE.as_bytes()));

@@ -23,6 +23,9 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// vLLM's `return_token_ids` (≥ 0.10.2): generated token ids on every
+    /// chunk's choice (`token_ids`), and the prompt's in a whole response.
+    pub return_token_ids: bool,
 }
 
 /// vLLM's `max_tokens` default for `/v1/completions`.
@@ -84,6 +87,7 @@ impl SamplingParams {
             ignore_eos: boolean(obj, "ignore_eos")?.unwrap_or(false),
             stream,
             include_usage,
+            return_token_ids: boolean(obj, "return_token_ids")?.unwrap_or(false),
         })
     }
 }
@@ -242,6 +246,21 @@ impl ResponseMeta {
             "usage": usage_json(usage),
         })
     }
+}
+
+/// Adds `token_ids` (and `prompt_token_ids`, when given) to a response's
+/// or chunk's choice, as vLLM does for `return_token_ids`.
+pub fn with_token_ids(mut body: Value, ids: &[u32], prompt: Option<&[u32]>) -> Value {
+    if let Some(choice) = body
+        .pointer_mut("/choices/0")
+        .and_then(Value::as_object_mut)
+    {
+        choice.insert("token_ids".into(), json!(ids));
+        if let Some(p) = prompt {
+            choice.insert("prompt_token_ids".into(), json!(p));
+        }
+    }
+    body
 }
 
 /// One SSE event line pair.
