@@ -62,8 +62,13 @@ pub async fn run(args: &Resolved) -> anyhow::Result<()> {
             };
             for (name, url) in &targets {
                 reset(&client, &args.args().reset_worker).await?;
+                let sessions = plan
+                    .arrivals
+                    .iter()
+                    .filter(|a| matches!(a.what, What::Session(_)))
+                    .count();
                 eprintln!(
-                    "live: {} @ {rate} rpm → {name} ({url}), {} requests",
+                    "live: {} @ {rate} rpm → {name} ({url}), {} arrivals ({sessions} of them sessions of several turns)",
                     workload_name(kind),
                     plan.arrivals.len()
                 );
