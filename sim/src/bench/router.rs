@@ -102,12 +102,12 @@ impl VirtualRouter {
             cfg.scoring.policy = p.into();
         }
         // The bench reads no metrics: they are counted and dropped.
-        let (picker, registry, index, _) =
+        let (picker, registered, index, _) =
             build_picker(&cfg, HashMap::new(), &mut Registry::default());
         Self {
             policy,
             picker,
-            workers: registry,
+            workers: registered,
             index,
             block_size,
             base: Instant::now(),
