@@ -87,7 +87,6 @@ pub struct Sight {
 }
 
 /// The parts of a request a pick needs besides its prompt.
-#[derive(Clone, Copy)]
 struct Target<'a> {
     request_id: &'a str,
     tenant: &'a str,
@@ -316,8 +315,8 @@ impl Picker {
                 Vec::new()
             }
         };
-        let prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
         let sight = self.look(model, &ids, target.cache_salt, at.now).await;
+        let prompt_tokens = sight.request.prompt_tokens;
         if let Some(e) = &sight.index_error {
             degraded = Some("index_unavailable");
             reason = format!("index_unavailable: {e}");

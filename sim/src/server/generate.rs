@@ -99,7 +99,7 @@ async fn generate(state: Shared, api: Api, body: Bytes) -> Result<Response, ApiE
         }
     };
     // Kept for a whole response with `return_token_ids`.
-    let prompt_ids = (params.return_token_ids && !params.stream).then(|| prompt.clone());
+    let kept_prompt = (params.return_token_ids && !params.stream).then(|| prompt.clone());
     let seq = state.next_id.fetch_add(1, Ordering::Relaxed);
     let (stream_tx, stream_rx) = mpsc::channel(STREAM_CAPACITY);
     let (reply_tx, reply_rx) = oneshot::channel();
@@ -135,15 +135,15 @@ async fn generate(state: Shared, api: Api, body: Bytes) -> Result<Response, ApiE
     if params.stream {
         Ok(stream_response(state, meta, params, stream_rx))
     } else {
-        collect_response(state, meta, prompt_ids, stream_rx).await
+        collect_response(state, meta, kept_prompt, stream_rx).await
     }
 }
 
-/// A whole response; `prompt_ids` when the request asked for token ids.
+/// A whole response; `prompt` (its token ids) when the request asked for ids.
 async fn collect_response(
     state: Shared,
     meta: ResponseMeta,
-    prompt_ids: Option<Vec<u32>>,
+    prompt: Option<Vec<u32>>,
     mut rx: mpsc::Receiver<Delta>,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
@@ -156,7 +156,7 @@ async fn collect_response(
             }
             Delta::Finished { reason, usage } => {
                 let mut body = meta.full(&text, reason, &usage);
-                if let Some(prompt) = &prompt_ids {
+                if let Some(prompt) = &prompt {
                     body = with_token_ids(body, &ids, Some(prompt));
                 }
                 return Ok(axum::Json(body).into_response());
