@@ -28,7 +28,8 @@ pub struct BenchArgs {
     /// mixed, trace (needs --trace).
     #[arg(long, default_value = "shared-prefix", value_delimiter = ',')]
     pub workload: Vec<WorkloadKind>,
-    /// Policies, comma-separated, all run on the same arrivals.
+    /// Policies, comma-separated, all run on the same arrivals; `k8s_service`
+    /// (a random pod per client connection) is known but not in the default.
     #[arg(long, default_value = ALL_POLICIES)]
     pub policies: String,
     /// Request rates to sweep (requests/min), comma-separated.

@@ -16,6 +16,7 @@ pub mod plot;
 pub mod policy;
 pub mod report;
 pub mod router;
+pub mod service;
 pub mod summary;
 pub mod tokens;
 pub mod trace;

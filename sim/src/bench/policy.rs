@@ -1,6 +1,7 @@
 //! The policies a benchmark run compares: the indexer's own five (scored by
-//! `kvsteer_indexer::scoring::rank`, the function the service runs) and two
-//! peer-inspired ones implemented here ([`super::peers`]).
+//! `kvsteer_indexer::scoring::rank`, the function the service runs), two
+//! peer-inspired ones implemented here ([`super::peers`]) and, on request, a
+//! Kubernetes Service reached through a keep-alive client ([`super::service`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -16,6 +17,9 @@ pub enum BenchPolicy {
     /// SGLang router's cache-aware policy: cache affinity unless the load
     /// is imbalanced, then shortest queue.
     SglangLike,
+    /// A Kubernetes Service: a random pod per client connection (not in the
+    /// default list).
+    K8sService,
 }
 
 /// `kvsteer_indexer::config::Policy`, orderable.
@@ -28,11 +32,12 @@ pub enum IndexerPolicy {
     Kvsteer,
 }
 
+/// The default list: every policy but `k8s_service`.
 pub const ALL_POLICIES: &str =
     "random,round_robin,least_request,prefix_only,kvsteer,dynamo_like,sglang_like";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown policy {0:?} (known: {ALL_POLICIES})")]
+#[error("unknown policy {0:?} (known: {ALL_POLICIES},k8s_service)")]
 pub struct UnknownPolicy(pub String);
 
 // === impl BenchPolicy ===
@@ -43,6 +48,7 @@ impl BenchPolicy {
             Self::Indexer(p) => kvsteer_indexer::picker::policy_name(p.into()),
             Self::DynamoLike => "dynamo_like",
             Self::SglangLike => "sglang_like",
+            Self::K8sService => "k8s_service",
         }
     }
 
@@ -71,6 +77,7 @@ impl FromStr for BenchPolicy {
             "kvsteer" => Self::Indexer(IndexerPolicy::Kvsteer),
             "dynamo_like" => Self::DynamoLike,
             "sglang_like" => Self::SglangLike,
+            "k8s_service" => Self::K8sService,
             other => return Err(UnknownPolicy(other.to_owned())),
         })
     }
@@ -113,5 +120,10 @@ mod tests {
         let err = BenchPolicy::parse_list("kvsteer,p2c").unwrap_err();
         assert_eq!(err, UnknownPolicy("p2c".into()));
         assert!(err.to_string().contains("sglang_like"));
+        assert!(err.to_string().contains("k8s_service"));
+        assert_eq!(
+            BenchPolicy::parse_list("k8s_service").unwrap(),
+            vec![BenchPolicy::K8sService]
+        );
     }
 }

@@ -32,6 +32,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::peers::{DynamoLike, PeerView, SglangLike};
 use super::policy::BenchPolicy;
+use super::service::ServicePool;
 use crate::engine::EngineStats;
 
 /// The model name the simulated workers serve (keys are seeded by it).
@@ -51,6 +52,7 @@ pub struct VirtualRouter {
     rng: ChaCha8Rng,
     dynamo: DynamoLike,
     sglang: SglangLike,
+    service: ServicePool,
     /// KV batches that failed to decode or had skipped blocks.
     pub event_errors: u64,
 }
@@ -115,6 +117,7 @@ impl VirtualRouter {
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x0007_a11e),
             dynamo: DynamoLike::new(workers),
             sglang: SglangLike::new(workers, block_size),
+            service: ServicePool::new(workers),
             event_errors: 0,
         }
     }
@@ -150,14 +153,22 @@ impl VirtualRouter {
                     matched_tokens: c.matched_tokens,
                 }
             }
-            BenchPolicy::DynamoLike | BenchPolicy::SglangLike => {
-                self.peer_pick(id, &request_id, prompt, now)
+            BenchPolicy::DynamoLike | BenchPolicy::SglangLike | BenchPolicy::K8sService => {
+                self.peer_pick(id, &request_id, prompt, now, at.random)
             }
         }
     }
 
-    /// A peer policy's pick on the service's view of the workers.
-    fn peer_pick(&mut self, id: u64, request_id: &str, prompt: &[u32], now: f64) -> Choice {
+    /// A pick by a policy of the bench's own (a peer's, or the Service's
+    /// connection draw), measured on the service's view of the workers.
+    fn peer_pick(
+        &mut self,
+        id: u64,
+        request_id: &str,
+        prompt: &[u32],
+        now: f64,
+        draw: u64,
+    ) -> Choice {
         let at = self.instant(now);
         let prompt_tokens = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
         let Sight {
@@ -169,7 +180,9 @@ impl VirtualRouter {
         self.counter += 1;
         let tie = |w: usize| (w + n - counter % n) % n;
         let cached = |w: usize| found[w].as_ref().map_or(0, |m| m.gpu_blocks);
-        let worker = if self.policy == BenchPolicy::DynamoLike {
+        let worker = if self.policy == BenchPolicy::K8sService {
+            self.service.pick(id, now, draw)
+        } else if self.policy == BenchPolicy::DynamoLike {
             let peer: Vec<PeerView> = (0..views.len())
                 .map(|w| PeerView {
                     cached_blocks: cached(w),
@@ -219,6 +232,7 @@ impl VirtualRouter {
     pub fn done(&mut self, id: u64, now: f64) {
         self.dynamo.on_done(id);
         self.sglang.on_done(id);
+        self.service.done(id, now);
         let at = self.instant(now);
         self.picker
             .report(&id.to_string(), ReportKind::Done, 0.0, at);
@@ -382,5 +396,31 @@ mod tests {
                 .len()
                 > 1
         );
+    }
+
+    #[test]
+    fn the_service_routes_by_connection() {
+        let prompt: Vec<u32> = (0..64).collect();
+        let mut r = VirtualRouter::new(BenchPolicy::K8sService, ScoringConfig::default(), 6, 16, 1);
+        // One request at a time, each within the keep-alive of the last: one
+        // connection, one pod, whatever the draws.
+        let sequential: Vec<usize> = (0..16u64)
+            .map(|i| {
+                let w = r.pick(i, &prompt, i as f64).worker;
+                r.done(i, i as f64 + 0.5);
+                w
+            })
+            .collect();
+        assert!(
+            sequential.iter().all(|&w| w == sequential[0]),
+            "{sequential:?}"
+        );
+        // Sixteen at once: sixteen connections, drawn over the pods.
+        let concurrent: std::collections::HashSet<usize> = (16..32u64)
+            .map(|i| r.pick(i, &prompt, 20.0).worker)
+            .collect();
+        assert!(concurrent.len() > 1, "{concurrent:?}");
+        // The picks are measured like every other policy's.
+        assert_eq!(r.picker.load().len(), 16);
     }
 }
