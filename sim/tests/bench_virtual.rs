@@ -92,6 +92,33 @@ fn same_seed_same_json_other_seed_differs() {
 }
 
 #[test]
+fn the_service_baseline_is_seeded_and_loses_no_request() {
+    let flags = [
+        "--workload",
+        "shared-prefix,multi-turn",
+        "--policies",
+        "k8s_service,random",
+        "--seed",
+        "3",
+    ];
+    assert_eq!(json(&flags), json(&flags));
+    let runs = run_virtual(&args(&flags).resolve().unwrap(), false);
+    assert_eq!(runs.len(), 2 * 2 * 2);
+    for r in &runs {
+        assert!(r.requests > 0, "{r:?}");
+        assert_eq!(r.completed, r.requests, "{r:?}");
+    }
+    // Same arrivals, other placements: per connection, not per request.
+    let placed = |p: &str| {
+        runs.iter()
+            .filter(|r| r.policy == p)
+            .map(|r| r.requests_per_worker.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_ne!(placed("k8s_service"), placed("random"));
+}
+
+#[test]
 fn every_request_finishes_and_events_reach_the_index() {
     let mut a = args(&["--workload", "shared-prefix,multi-turn,independent"]);
     a.rates = vec![60.0];
