@@ -20,12 +20,10 @@
 //! One client process with one pool: a tool that spreads its load over several
 //! processes holds several pools, which spreads it further.
 
-use std::collections::HashMap;
-
 /// httpx `keepalive_expiry` and uvicorn `timeout_keep_alive` (seconds).
 pub const KEEPALIVE_S: f64 = 5.0;
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 struct Connection {
     worker: usize,
     /// The request on it, or `None` while idle.
@@ -38,42 +36,28 @@ struct Connection {
 #[derive(Debug)]
 pub struct ServicePool {
     workers: usize,
-    keepalive_s: f64,
     /// In creation order.
     connections: Vec<Connection>,
-    /// Requests on a connection, with their pod (connections are found by
-    /// request id: closing idle ones shifts their indices).
-    in_flight: HashMap<u64, usize>,
-    opened: u64,
 }
 
 // === impl ServicePool ===
 
 impl ServicePool {
     pub fn new(workers: usize) -> Self {
-        Self::with_keepalive(workers, KEEPALIVE_S)
-    }
-
-    pub fn with_keepalive(workers: usize, keepalive_s: f64) -> Self {
         Self {
             workers: workers.max(1),
-            keepalive_s,
             connections: Vec::new(),
-            in_flight: HashMap::new(),
-            opened: 0,
         }
     }
 
     /// The pod request `id` goes to at `now`; `draw` is the random number
     /// kube-proxy would use if a new connection is needed.
     pub fn pick(&mut self, id: u64, now: f64, draw: u64) -> usize {
-        let keepalive = self.keepalive_s;
         self.connections
-            .retain(|c| c.busy.is_some() || now - c.idle_since <= keepalive);
+            .retain(|c| c.busy.is_some() || now - c.idle_since <= KEEPALIVE_S);
         let slot = match self.connections.iter().position(|c| c.busy.is_none()) {
             Some(i) => i,
             None => {
-                self.opened += 1;
                 self.connections.push(Connection {
                     worker: (draw % self.workers as u64) as usize,
                     busy: None,
@@ -84,33 +68,16 @@ impl ServicePool {
         };
         let c = &mut self.connections[slot];
         c.busy = Some(id);
-        self.in_flight.insert(id, c.worker);
         c.worker
     }
 
-    /// Request `id`'s response ended at `now`: its connection is idle again.
+    /// Request `id`'s response ended at `now`: its connection is idle again
+    /// (nothing happens for a request the pool did not place).
     pub fn done(&mut self, id: u64, now: f64) {
-        if self.in_flight.remove(&id).is_none() {
-            return;
-        }
         if let Some(c) = self.connections.iter_mut().find(|c| c.busy == Some(id)) {
             c.busy = None;
             c.idle_since = now;
         }
-    }
-
-    /// Connections opened so far (each one a kube-proxy draw).
-    pub fn opened(&self) -> u64 {
-        self.opened
-    }
-
-    /// Open connections per pod.
-    pub fn per_worker(&self) -> Vec<u32> {
-        let mut out = vec![0; self.workers];
-        for c in &self.connections {
-            out[c.worker] += 1;
-        }
-        out
     }
 }
 
@@ -118,24 +85,27 @@ impl ServicePool {
 mod tests {
     use super::*;
 
+    /// The pods of the open connections, in creation order.
+    fn pods(pool: &ServicePool) -> Vec<usize> {
+        pool.connections.iter().map(|c| c.worker).collect()
+    }
+
     #[test]
     fn an_idle_connection_is_reused_oldest_first() {
         let mut pool = ServicePool::new(6);
         // Two requests at once: two connections, two draws.
         assert_eq!(pool.pick(1, 0.0, 2), 2);
         assert_eq!(pool.pick(2, 0.1, 4), 4);
-        assert_eq!(pool.opened(), 2);
         // Both idle again: the next request takes the older one, whatever the draw.
         pool.done(2, 1.0);
         pool.done(1, 2.0);
         assert_eq!(pool.pick(3, 2.5, 5), 2);
         // The older one is busy: the newer idle one, no new connection.
         assert_eq!(pool.pick(4, 2.6, 5), 4);
-        assert_eq!(pool.opened(), 2);
+        assert_eq!(pods(&pool), vec![2, 4]);
         // All busy: a new connection, on the drawn pod.
         assert_eq!(pool.pick(5, 2.7, 13), 1);
-        assert_eq!(pool.opened(), 3);
-        assert_eq!(pool.per_worker(), vec![0, 1, 1, 0, 1, 0]);
+        assert_eq!(pods(&pool), vec![2, 4, 1]);
     }
 
     #[test]
@@ -148,8 +118,7 @@ mod tests {
         pool.done(2, 20.0);
         // Past it: closed, a new draw decides.
         assert_eq!(pool.pick(3, 20.0 + KEEPALIVE_S + 0.1, 0), 0);
-        assert_eq!(pool.opened(), 2);
-        assert_eq!(pool.per_worker(), vec![1, 0, 0, 0, 0, 0]);
+        assert_eq!(pods(&pool), vec![0]);
     }
 
     #[test]
@@ -161,6 +130,6 @@ mod tests {
         pool.done(99, 100.0);
         pool.done(1, 101.0);
         assert_eq!(pool.pick(3, 102.0, 0), 1);
-        assert_eq!(pool.opened(), 2);
+        assert_eq!(pods(&pool), vec![1, 0]);
     }
 }
