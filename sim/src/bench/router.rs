@@ -180,24 +180,26 @@ impl VirtualRouter {
         self.counter += 1;
         let tie = |w: usize| (w + n - counter % n) % n;
         let cached = |w: usize| found[w].as_ref().map_or(0, |m| m.gpu_blocks);
-        let worker = if self.policy == BenchPolicy::K8sService {
-            self.service.pick(id, now, draw)
-        } else if self.policy == BenchPolicy::DynamoLike {
-            let peer: Vec<PeerView> = (0..views.len())
-                .map(|w| PeerView {
-                    cached_blocks: cached(w),
-                })
-                .collect();
-            let w = self
-                .dynamo
-                .choose(prompt_tokens, self.block_size, &keys, &peer, tie);
-            self.dynamo
-                .on_pick(id, w, prompt_tokens, self.block_size, keys, cached(w));
-            w
-        } else {
-            let w = self.sglang.choose(prompt_tokens, &keys, now, tie);
-            self.sglang.on_pick(id, w, &keys);
-            w
+        let worker = match self.policy {
+            BenchPolicy::K8sService => self.service.pick(id, now, draw),
+            BenchPolicy::DynamoLike => {
+                let peer: Vec<PeerView> = (0..views.len())
+                    .map(|w| PeerView {
+                        cached_blocks: cached(w),
+                    })
+                    .collect();
+                let w = self
+                    .dynamo
+                    .choose(prompt_tokens, self.block_size, &keys, &peer, tie);
+                self.dynamo
+                    .on_pick(id, w, prompt_tokens, self.block_size, keys, cached(w));
+                w
+            }
+            _ => {
+                let w = self.sglang.choose(prompt_tokens, &keys, now, tie);
+                self.sglang.on_pick(id, w, &keys);
+                w
+            }
         };
         let scoring = self.picker.scoring();
         let prediction = scoring::predict(scoring, prompt_tokens, &views[worker]);
