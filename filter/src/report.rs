@@ -102,6 +102,7 @@ pub fn report_request(
             0.0
         },
         status: facts.status,
+        ..ReportRequest::default()
     }
 }
 
