@@ -79,7 +79,10 @@ fn every_parity_file_gives_vllms_ids_through_both_paths() {
         let body = std::fs::read(dir.join(file)).expect("request file");
         let picked = via_pick(api, &body);
         let direct = direct(api, &body);
-        assert_eq!(picked, direct, "{file}: the two paths read different requests");
+        assert_eq!(
+            picked, direct,
+            "{file}: the two paths read different requests"
+        );
         assert_eq!(ids(&tok, &picked), want_ids, "{file}: via Pick");
         assert_eq!(ids(&tok, &direct), want_ids, "{file}: direct");
         checked += 1;
@@ -120,7 +123,11 @@ fn text_like_parts_tokenize_alike_through_both_paths() {
         Prompt::Chat(chat) => tok.render_chat(chat).expect("renders"),
         Prompt::Completion { .. } => unreachable!("a chat body"),
     };
-    for text in ["Translate:\ngood morning", "bonjour\nnot more", "and good night?"] {
+    for text in [
+        "Translate:\ngood morning",
+        "bonjour\nnot more",
+        "and good night?",
+    ] {
         assert!(rendered.contains(text), "{text:?} missing from {rendered}");
     }
 }
@@ -135,12 +142,23 @@ fn random_bodies_read_alike_through_both_paths() {
         from[rng.random_range(0..from.len())]
     }
     fn text(rng: &mut SmallRng) -> Value {
-        json!(pick(rng, &["", "hi", "a\nb", "<|im_end|>", "ünï 中文 🙂", "{\"x\": 1}"]))
+        json!(pick(
+            rng,
+            &["", "hi", "a\nb", "<|im_end|>", "ünï 中文 🙂", "{\"x\": 1}"]
+        ))
     }
     fn part(rng: &mut SmallRng) -> Value {
         const KINDS: [&str; 10] = [
-            "text", "input_text", "output_text", "refusal", "thinking", "tool_reference",
-            "image_url", "input_audio", "file", "new",
+            "text",
+            "input_text",
+            "output_text",
+            "refusal",
+            "thinking",
+            "tool_reference",
+            "image_url",
+            "input_audio",
+            "file",
+            "new",
         ];
         match rng.random_range(0..4) {
             0 => text(rng),
@@ -163,14 +181,16 @@ fn random_bodies_read_alike_through_both_paths() {
                "function": {"name": "f", "arguments": arguments}})
     }
     fn message(rng: &mut SmallRng) -> Value {
-        let mut m = json!({"role": pick(rng, &["system", "developer", "user", "assistant", "tool"])});
+        let mut m =
+            json!({"role": pick(rng, &["system", "developer", "user", "assistant", "tool"])});
         m["content"] = match rng.random_range(0..4) {
             0 => Value::Null,
             1 => text(rng),
             _ => Value::Array((0..rng.random_range(0..4)).map(|_| part(rng)).collect()),
         };
         if rng.random_bool(0.3) {
-            m["tool_calls"] = Value::Array((0..rng.random_range(0..3)).map(|_| call(rng)).collect());
+            m["tool_calls"] =
+                Value::Array((0..rng.random_range(0..3)).map(|_| call(rng)).collect());
         }
         for key in ["name", "tool_call_id", "reasoning", "reasoning_content"] {
             if rng.random_bool(0.2) {
@@ -192,7 +212,11 @@ fn random_bodies_read_alike_through_both_paths() {
         if rng.random_bool(0.3) {
             body["chat_template_kwargs"] = json!({"enable_thinking": rng.random_bool(0.5)});
         }
-        for key in ["add_generation_prompt", "continue_final_message", "add_special_tokens"] {
+        for key in [
+            "add_generation_prompt",
+            "continue_final_message",
+            "add_special_tokens",
+        ] {
             if rng.random_bool(0.2) {
                 body[key] = json!(rng.random_bool(0.5));
             }
