@@ -216,7 +216,7 @@ fn to_body(req: &Request) -> Value {
     }
     body.insert("stream".into(), req.stream.into());
     if let Some(n) = req.max_tokens {
-        let key = if n % 2 == 0 {
+        let key = if n.is_multiple_of(2) {
             "max_tokens"
         } else {
             "max_completion_tokens"
@@ -269,7 +269,7 @@ fn message_json(m: &Message) -> Value {
     let mut obj = Map::new();
     obj.insert("role".into(), m.role.clone().into());
     match &m.content {
-        Content::Null if m.role.len() % 2 == 0 => {}
+        Content::Null if m.role.len().is_multiple_of(2) => {}
         Content::Null => {
             obj.insert("content".into(), Value::Null);
         }
@@ -293,7 +293,7 @@ fn message_json(m: &Message) -> Value {
         }
     }
     if let Some(r) = &m.reasoning {
-        let key = if r.len() % 2 == 0 {
+        let key = if r.len().is_multiple_of(2) {
             "reasoning"
         } else {
             "reasoning_content"
@@ -305,7 +305,7 @@ fn message_json(m: &Message) -> Value {
 
 fn part_json(p: &Part) -> Value {
     match (p.kind.as_str(), &p.text) {
-        ("text", Some(t)) if t.len() % 2 == 1 => Value::String(t.clone()),
+        ("text", Some(t)) if !t.len().is_multiple_of(2) => Value::String(t.clone()),
         (kind, text) => {
             let mut obj = Map::new();
             obj.insert("type".into(), kind.into());
