@@ -119,6 +119,40 @@ fn bad_chat_bodies_name_the_field() {
     assert!(invalid(json!({"messages": [], "reasoning_effort": 1})).contains("`reasoning_effort`"));
 }
 
+/// vLLM reads `input_text` and `output_text` parts as text (its
+/// `chat_utils.MM_PARSER_MAP`), so the rendered prompt includes them.
+#[test]
+fn input_and_output_text_parts_are_text() {
+    let req = ChatRequest::from_openai(&json!({"messages": [
+        {"role": "user", "content": [{"type": "input_text", "text": "question"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "answer"}]}
+    ]}))
+    .unwrap();
+    let texts: Vec<String> = req
+        .messages
+        .iter()
+        .map(|m| crate::normalize::content_text(&m.content, false))
+        .collect();
+    assert_eq!(texts, ["question", "answer"]);
+}
+
+/// The `PickRequest` cannot carry an empty id, type, name or effort apart
+/// from an absent one, so the direct path reads them the same way.
+#[test]
+fn empty_strings_read_as_absent() {
+    let req = ChatRequest::from_openai(&json!({"reasoning_effort": "", "messages": [
+        {"role": "assistant", "name": "", "tool_call_id": "", "reasoning": "",
+         "tool_calls": [{"id": "", "type": "", "function": {"name": "f"}}]}
+    ]}))
+    .unwrap();
+    let m = &req.messages[0];
+    assert_eq!((&m.name, &m.tool_call_id), (&None, &None));
+    assert_eq!((&m.tool_calls[0].id, &m.tool_calls[0].kind), (&None, &None));
+    assert_eq!(req.reasoning_effort, None);
+    // `reasoning` is an optional string in the proto too: "" stays "".
+    assert_eq!(m.reasoning.as_deref(), Some(""));
+}
+
 #[test]
 fn completion_prompt_shapes() {
     let p = |v: Value| CompletionPrompt::from_openai(&json!({"prompt": v})).unwrap();
@@ -144,7 +178,10 @@ fn bad_prompts_name_the_field() {
     assert!(invalid_prompt(json!({"prompt": [1, 2.5]})).contains("`prompt[1]`"));
     assert!(invalid_prompt(json!({"prompt": [1, 4294967296u64]})).contains("`prompt[1]`"));
     assert!(invalid_prompt(json!({"prompt": [[1], [2, "x"]]})).contains("`prompt[1][1]`"));
-    assert!(invalid_prompt(json!({"prompt": [[1], []]})).contains("`prompt[1]` must not be empty"));
+    assert!(
+        invalid_prompt(json!({"prompt": [[1], []]}))
+            .contains("`prompt[1]` must be a non-empty list")
+    );
     assert!(invalid_prompt(json!({"prompt": [true]})).contains("`prompt`"));
     assert!(invalid_prompt(json!("x")).contains("JSON object"));
 }
