@@ -173,15 +173,16 @@ fn document() -> String {
 /// `kvsteer_ttft_error_ratio` bucket counts (cumulative, by bound) and count.
 fn error_ratio(metrics: &str) -> (Vec<f64>, f64) {
     let value = |line: &str| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap();
+    let bucket = |le: f64| {
+        metrics.lines().find_map(|l| {
+            let rest = l.strip_prefix("kvsteer_ttft_error_ratio_bucket{le=\"")?;
+            let (bound, _) = rest.split_once('"')?;
+            (bound.parse::<f64>().ok()? == le).then(|| value(l))
+        })
+    };
     let buckets = TTFT_ERROR_BUCKETS
         .iter()
-        .map(|le| {
-            let prefix = format!("kvsteer_ttft_error_ratio_bucket{{le=\"{le}\"}}");
-            metrics
-                .lines()
-                .find(|l| l.starts_with(&prefix))
-                .map_or_else(|| panic!("no {prefix} in {metrics}"), value)
-        })
+        .map(|&le| bucket(le).unwrap_or_else(|| panic!("no bucket {le} in {metrics}")))
         .collect();
     let count = metrics
         .lines()
@@ -278,6 +279,7 @@ workers:
         .iter()
         .map(|w| w["prefill_rate"].as_f64().unwrap())
         .collect();
+    eprintln!("calibrated rates {rates:?}, true {true_rate}");
     for r in &rates {
         assert!(
             (r / true_rate - 1.0).abs() < 0.2,
@@ -297,6 +299,7 @@ workers:
     let at = |le: f64| TTFT_ERROR_BUCKETS.iter().position(|&b| b == le).unwrap();
     let within = |b: &[f64]| b[at(1.25)] - b[at(0.8)];
     let late = within(&buckets) - within(&warm_buckets);
+    eprintln!("{late} of {fresh} calibrated predictions within 20 %");
     assert!(
         late >= 0.8 * fresh,
         "{late} of {fresh} within 20 %: warm {warm_buckets:?}, all {buckets:?}"
