@@ -15,7 +15,9 @@ use std::time::Instant;
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let addr = args.next().unwrap_or_else(|| "http://127.0.0.1:9090".into());
+    let addr = args
+        .next()
+        .unwrap_or_else(|| "http://127.0.0.1:9090".into());
     let bytes: usize = args.next().map_or(Ok(3_800_000), |a| a.parse())?;
     let concurrent: usize = args.next().map_or(Ok(2), |a| a.parse())?;
     let channel = tonic::transport::Channel::from_shared(addr)?

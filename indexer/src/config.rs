@@ -858,10 +858,8 @@ workers:
             "{lines:?}"
         );
         assert!(lines.iter().any(|l| l.contains("tokenize_busy")));
-        let small = Config::from_yaml(&format!(
-            "{MINIMAL}grpc:\n  max_message_bytes: 4194304\n"
-        ))
-        .unwrap();
+        let small =
+            Config::from_yaml(&format!("{MINIMAL}grpc:\n  max_message_bytes: 4194304\n")).unwrap();
         assert!(
             small.explain().iter().any(|l| l.starts_with("warning")),
             "{:?}",

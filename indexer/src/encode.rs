@@ -123,10 +123,13 @@ impl Encoder {
             encode(tok, &prompt, &AtomicBool::new(false))
         } else {
             self.encode_large(tok, prompt).await
-        }?;
-        self.metrics
-            .tokenize_latency
-            .observe(start.elapsed().as_secs_f64());
+        };
+        if !matches!(ids, Err(Unread::Busy(_))) {
+            self.metrics
+                .tokenize_latency
+                .observe(start.elapsed().as_secs_f64());
+        }
+        let ids = ids?;
         if ids.len() > limits.max_model_len as usize {
             return Err(Unread::TooManyTokens {
                 tokens: ids.len(),
@@ -331,8 +334,17 @@ mod tests {
             max_bytes: bytes - 1,
             max_model_len: u32::MAX,
         };
-        let e = enc.ids(Some(&tok), capped, prompt.clone()).await.unwrap_err();
-        assert_eq!(e, Unread::TooLarge { bytes, cap: bytes - 1 });
+        let e = enc
+            .ids(Some(&tok), capped, prompt.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e,
+            Unread::TooLarge {
+                bytes,
+                cap: bytes - 1
+            }
+        );
         assert_eq!(e.reason(), "prompt_too_large");
         assert_eq!(tok.cache_stats().misses, before.misses, "nothing encoded");
         let short = Limits {
@@ -351,7 +363,10 @@ mod tests {
         let tok = tokenizer();
         let enc = encoder(1);
         let held = enc.large.clone().try_acquire_owned().unwrap();
-        let e = enc.ids(Some(&tok), WIDE, chat(2_000, "b")).await.unwrap_err();
+        let e = enc
+            .ids(Some(&tok), WIDE, chat(2_000, "b"))
+            .await
+            .unwrap_err();
         assert_eq!(e, Unread::Busy(1));
         assert_eq!(e.reason(), "tokenize_busy");
         assert!(enc.ids(Some(&tok), WIDE, chat(10, "b")).await.is_ok());

@@ -49,10 +49,7 @@ fn message_bytes(m: &ChatMessage) -> usize {
     let content = match &m.content {
         Content::Null => 0,
         Content::Text(t) => t.len(),
-        Content::Parts(parts) => parts
-            .iter()
-            .map(|p| p.kind.len() + opt_len(&p.text))
-            .sum(),
+        Content::Parts(parts) => parts.iter().map(|p| p.kind.len() + opt_len(&p.text)).sum(),
     };
     let calls: usize = m
         .tool_calls

@@ -167,7 +167,9 @@ async fn client_loop(mut router: Router, http: Admin, phase: &str, lane: usize) 
 
 /// ~9k tokens of text.
 fn document() -> String {
-    (0..2_200).map(|i| format!("Paragraph {i} says little. ")).collect()
+    (0..2_200)
+        .map(|i| format!("Paragraph {i} says little. "))
+        .collect()
 }
 
 /// `kvsteer_ttft_error_ratio` bucket counts (cumulative, by bound) and count.
@@ -261,7 +263,10 @@ workers:
     // Every worker took its share of the samples, and repeats did hit
     // the engines' caches (fresh prompts did not).
     for i in 0..WORKERS {
-        let n = placed.iter().filter(|s| s.worker == format!("w{i}")).count();
+        let n = placed
+            .iter()
+            .filter(|s| s.worker == format!("w{i}"))
+            .count();
         assert!(n >= ROUNDS, "w{i} served {n} of {}", placed.len());
     }
     let hits = |repeat: bool| {
@@ -295,7 +300,10 @@ workers:
     // within 20 % of what was observed (observed / predicted in
     // (0.8, 1.25]) for at least 80 % of them.
     assert_eq!(count - warm_count, (WORKERS * ROUNDS) as f64);
-    let fresh = placed[WORKERS * ROUNDS..].iter().filter(|s| !s.repeat).count() as f64;
+    let fresh = placed[WORKERS * ROUNDS..]
+        .iter()
+        .filter(|s| !s.repeat)
+        .count() as f64;
     let at = |le: f64| TTFT_ERROR_BUCKETS.iter().position(|&b| b == le).unwrap();
     let within = |b: &[f64]| b[at(1.25)] - b[at(0.8)];
     let late = within(&buckets) - within(&warm_buckets);
