@@ -224,7 +224,11 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         shutdown_rx.clone(),
     )));
 
-    let service = RouterService::new(picker.clone()).into_server();
+    // A Pick carries the whole prompt: tonic's default 4 MB decode limit
+    // would refuse the 4-8 MiB bodies the filter buffers.
+    let service = RouterService::new(picker.clone())
+        .into_server()
+        .max_decoding_message_size(cfg.grpc.max_message_bytes);
     let mut rx = shutdown_rx.clone();
     tasks.push(tokio::spawn(async move {
         let result = tonic::transport::Server::builder()

@@ -39,6 +39,25 @@ pub const DEFAULT_EVENT_CHANNEL: usize = 1_024;
 pub const DEFAULT_MAX_REPLAY_RETRIES: u32 = 3;
 pub const DEFAULT_BACKOFF_INITIAL_MS: u64 = 100;
 pub const DEFAULT_BACKOFF_MAX_MS: u64 = 5_000;
+/// A model's longest prompt when `max_model_len` is not set: generous (most
+/// long-context models), so that valid long prompts are steered.
+pub const DEFAULT_MAX_MODEL_LEN: u32 = 131_072;
+/// Prompt text bytes per token assumed at most when `max_tokenize_bytes` is
+/// derived from `max_model_len` (Qwen3/Llama tokenizers average 3.5-4.5 on
+/// prose and code): a prompt with more text has more tokens than the engine
+/// accepts, so it is not worth encoding.
+pub const TOKENIZE_BYTES_PER_TOKEN: u64 = 8;
+/// Prompts with more text than this are encoded on a blocking thread and
+/// count against [`DEFAULT_MAX_LARGE_TOKENIZATIONS`] (~32k tokens, ~10 ms cold).
+pub const DEFAULT_LARGE_PROMPT_BYTES: usize = 128 << 10;
+/// Large prompts encoded at once. Encoding takes ~300 bytes of transient
+/// memory per byte of text, so two 1 MiB prompts peak near 600 MB.
+pub const DEFAULT_MAX_LARGE_TOKENIZATIONS: usize = 2;
+/// The filter's default `max_body_bytes` (8 MiB) plus room for the proto
+/// framing of a `PickRequest` (field tags and lengths; text is not escaped).
+pub const DEFAULT_GRPC_MAX_MESSAGE_BYTES: usize = 9 << 20;
+/// The filter's default `max_body_bytes`, to explain the gRPC limit.
+pub const FILTER_DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 
 // === types ===
 
@@ -54,6 +73,8 @@ pub struct Config {
     pub tenants: TenantsConfig,
     pub scrape: ScrapeConfig,
     pub streams: StreamsConfig,
+    pub grpc: GrpcConfig,
+    pub tokenize: TokenizeConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -63,6 +84,14 @@ pub struct ModelConfig {
     /// Folder with `tokenizer.json` and `tokenizer_config.json`.
     pub tokenizer: PathBuf,
     pub block_size: u32,
+    /// The engine's `--max-model-len`: a longer prompt is rejected by the
+    /// engine wherever it goes, so it is scored on load only.
+    pub max_model_len: u32,
+    /// Prompt text (bytes) beyond which the prompt is not tokenized and the
+    /// pick is scored on load only (`prompt_too_large`); default
+    /// `max_model_len × TOKENIZE_BYTES_PER_TOKEN`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokenize_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -206,6 +235,29 @@ pub struct StreamsConfig {
     pub idle_reconnect_s: Option<u64>,
 }
 
+/// The gRPC server the filter calls.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrpcConfig {
+    /// Largest `PickRequest` accepted (bytes). Must be at least the filter's
+    /// `max_body_bytes`: a larger Pick is refused and the request goes
+    /// unsteered.
+    pub max_message_bytes: usize,
+}
+
+/// Bounds on the tokenization work one pick may cause.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TokenizeConfig {
+    /// Prompts with more text than this (bytes) are large: encoded on a
+    /// blocking thread, stopped when the pick's caller is gone, and limited
+    /// by `max_concurrent_large`.
+    pub large_prompt_bytes: usize,
+    /// Large prompts encoded at once; a pick that finds them all taken is
+    /// scored on load only (`tokenize_busy`) instead of waiting.
+    pub max_concurrent_large: usize,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
@@ -239,6 +291,8 @@ impl Default for Config {
             tenants: TenantsConfig::default(),
             scrape: ScrapeConfig::default(),
             streams: StreamsConfig::default(),
+            grpc: GrpcConfig::default(),
+            tokenize: TokenizeConfig::default(),
         }
     }
 }
@@ -249,6 +303,25 @@ impl Default for ModelConfig {
             name: String::new(),
             tokenizer: PathBuf::new(),
             block_size: DEFAULT_BLOCK_SIZE,
+            max_model_len: DEFAULT_MAX_MODEL_LEN,
+            max_tokenize_bytes: None,
+        }
+    }
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: DEFAULT_GRPC_MAX_MESSAGE_BYTES,
+        }
+    }
+}
+
+impl Default for TokenizeConfig {
+    fn default() -> Self {
+        Self {
+            large_prompt_bytes: DEFAULT_LARGE_PROMPT_BYTES,
+            max_concurrent_large: DEFAULT_MAX_LARGE_TOKENIZATIONS,
         }
     }
 }
@@ -370,6 +443,12 @@ impl Config {
             if !(1..=4096).contains(&m.block_size) {
                 return Err(invalid(&f("block_size"), "must be in 1..=4096"));
             }
+            if m.max_model_len == 0 {
+                return Err(invalid(&f("max_model_len"), "must be > 0"));
+            }
+            if m.max_tokenize_bytes == Some(0) {
+                return Err(invalid(&f("max_tokenize_bytes"), "must be > 0"));
+            }
         }
         if self.workers.is_empty() {
             return Err(missing("workers"));
@@ -422,6 +501,15 @@ impl Config {
         if self.scrape.down_after == 0 {
             return Err(invalid("scrape.down_after", "must be > 0"));
         }
+        if self.grpc.max_message_bytes < MIN_GRPC_MESSAGE_BYTES {
+            return Err(invalid(
+                "grpc.max_message_bytes",
+                "must be at least 65536 (a Pick carries the whole prompt)",
+            ));
+        }
+        if self.tokenize.max_concurrent_large == 0 {
+            return Err(invalid("tokenize.max_concurrent_large", "must be > 0"));
+        }
         if self.streams.channel_capacity == 0 {
             return Err(invalid("streams.channel_capacity", "must be > 0"));
         }
@@ -434,6 +522,66 @@ impl Config {
             ));
         }
         Ok(())
+    }
+}
+
+/// Below this no realistic Pick fits.
+const MIN_GRPC_MESSAGE_BYTES: usize = 64 << 10;
+
+impl Config {
+    /// What the size limits mean for requests, one line each, for
+    /// `check-config`: which Picks the gRPC server accepts (and how that
+    /// must agree with the filter's `max_body_bytes`), which prompts are
+    /// tokenized, and how many large ones at once.
+    pub fn explain(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        let max = self.grpc.max_message_bytes;
+        lines.push(format!(
+            "grpc.max_message_bytes {max} ({}): a Pick larger than this is refused and its \
+             request goes unsteered; set the filter's max_body_bytes to at most this",
+            mib(max)
+        ));
+        if max < FILTER_DEFAULT_MAX_BODY_BYTES + (FILTER_DEFAULT_MAX_BODY_BYTES >> 4) {
+            lines.push(format!(
+                "warning: grpc.max_message_bytes is below the filter's default max_body_bytes \
+                 ({}) plus proto framing: lower the filter's max_body_bytes to {max} or less, \
+                 or bodies in between are buffered and never steered",
+                mib(FILTER_DEFAULT_MAX_BODY_BYTES)
+            ));
+        }
+        for m in &self.models {
+            lines.push(format!(
+                "model {:?}: prompts with more than {} bytes of text (max_tokenize_bytes{}) \
+                 or more than {} tokens (max_model_len) are scored on load only \
+                 (degraded, reason prompt_too_large)",
+                m.name,
+                m.tokenize_cap(),
+                match m.max_tokenize_bytes {
+                    Some(_) => String::new(),
+                    None => format!(" = max_model_len × {TOKENIZE_BYTES_PER_TOKEN}"),
+                },
+                m.max_model_len,
+            ));
+        }
+        lines.push(format!(
+            "tokenize: prompts with more than {} bytes of text are encoded on a blocking \
+             thread, at most {} at once; a pick finding them all taken is scored on load only \
+             (degraded, reason tokenize_busy)",
+            self.tokenize.large_prompt_bytes, self.tokenize.max_concurrent_large
+        ));
+        lines
+    }
+}
+
+fn mib(bytes: usize) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
+}
+
+impl ModelConfig {
+    /// Prompt text (bytes) beyond which this model's prompts are not tokenized.
+    pub fn tokenize_cap(&self) -> u64 {
+        self.max_tokenize_bytes
+            .unwrap_or(u64::from(self.max_model_len) * TOKENIZE_BYTES_PER_TOKEN)
     }
 }
 
@@ -659,6 +807,64 @@ workers:
         assert_eq!(cfg.workers.len(), 2);
         let again = Config::from_yaml(&cfg.to_yaml()).unwrap();
         assert_eq!(cfg, again);
+    }
+
+    #[test]
+    fn size_limits_default_and_validate() {
+        let cfg = Config::from_yaml(MINIMAL).unwrap();
+        assert_eq!(cfg.grpc.max_message_bytes, 9 << 20);
+        assert_eq!(cfg.models[0].max_model_len, DEFAULT_MAX_MODEL_LEN);
+        assert_eq!(
+            cfg.models[0].tokenize_cap(),
+            u64::from(DEFAULT_MAX_MODEL_LEN) * TOKENIZE_BYTES_PER_TOKEN
+        );
+        let set = Config::from_yaml(&MINIMAL.replace(
+            "tokenizer: /tok\n",
+            "tokenizer: /tok\n    max_model_len: 1000\n",
+        ))
+        .unwrap();
+        assert_eq!(set.models[0].tokenize_cap(), 8_000);
+        let set = Config::from_yaml(&MINIMAL.replace(
+            "tokenizer: /tok\n",
+            "tokenizer: /tok\n    max_tokenize_bytes: 5000\n",
+        ))
+        .unwrap();
+        assert_eq!(set.models[0].tokenize_cap(), 5_000);
+        let e = err(&MINIMAL.replace(
+            "tokenizer: /tok\n",
+            "tokenizer: /tok\n    max_model_len: 0\n",
+        ));
+        assert!(e.starts_with("models[0].max_model_len"), "{e}");
+        let e = err(&format!("{MINIMAL}grpc:\n  max_message_bytes: 1000\n"));
+        assert!(e.starts_with("grpc.max_message_bytes"), "{e}");
+        let e = err(&format!("{MINIMAL}tokenize:\n  max_concurrent_large: 0\n"));
+        assert!(e.starts_with("tokenize.max_concurrent_large"), "{e}");
+    }
+
+    /// `check-config` says which Picks are accepted and which prompts
+    /// tokenized, and warns when the gRPC limit is below the filter's body
+    /// limit.
+    #[test]
+    fn explain_tells_how_the_limits_agree() {
+        let cfg = Config::from_yaml(MINIMAL).unwrap();
+        let lines = cfg.explain();
+        assert!(lines[0].starts_with("grpc.max_message_bytes 9437184 (9.0 MiB)"));
+        assert!(lines[0].contains("max_body_bytes"), "{lines:?}");
+        assert!(!lines.iter().any(|l| l.starts_with("warning")), "{lines:?}");
+        assert!(
+            lines.iter().any(|l| l.contains("1048576 bytes")
+                && l.contains("max_model_len × 8")
+                && l.contains("prompt_too_large")),
+            "{lines:?}"
+        );
+        assert!(lines.iter().any(|l| l.contains("tokenize_busy")));
+        let small =
+            Config::from_yaml(&format!("{MINIMAL}grpc:\n  max_message_bytes: 4194304\n")).unwrap();
+        assert!(
+            small.explain().iter().any(|l| l.starts_with("warning")),
+            "{:?}",
+            small.explain()
+        );
     }
 
     #[test]

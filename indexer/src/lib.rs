@@ -1,7 +1,8 @@
 //! kvsteer indexer: KV events in, predicted-TTFT picks out.
 //!
 //! A request's path: [`grpc`] (proto) → [`prompt`] (domain types) →
-//! [`picker`] (tokenize → [`keys`] → [`index`] lookup → [`scoring`]) →
+//! [`picker`] (tokenize, bounded by [`encode`] → [`keys`] → [`index`]
+//! lookup → [`scoring`]) →
 //! endpoints. Reports come back through [`report`] into [`load`]; KV events
 //! come in through [`streams`]; engine queues through [`scrape`].
 #![forbid(unsafe_code)]
@@ -9,6 +10,7 @@
 pub mod admin;
 pub mod app;
 pub mod config;
+pub mod encode;
 pub mod grpc;
 pub mod index;
 pub mod keys;

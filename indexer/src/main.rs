@@ -26,7 +26,8 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
-    /// Validate a configuration and print it with every default filled in.
+    /// Validate a configuration and print it with every default filled in,
+    /// then what its size limits mean for requests (as comments).
     CheckConfig {
         #[arg(long)]
         config: PathBuf,
@@ -66,6 +67,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::CheckConfig { config } => {
             let cfg = Config::load(&config).with_context(|| format!("{}", config.display()))?;
             print!("{}", cfg.to_yaml());
+            for line in cfg.explain() {
+                println!("# {line}");
+            }
             Ok(())
         }
         Command::Tokenize {

@@ -3,6 +3,7 @@
 
 use crate::{
     config::{Config, Policy, ScoringConfig},
+    encode::{Encoder, Limits, Unread},
     index::{Index, WorkerMatch},
     keys::{BlockKey, KeyContext, prompt_keys},
     load::{LoadTracker, LocalLoad, Pending, RouteMemory, WorkerRoutes},
@@ -28,6 +29,8 @@ pub struct Model {
     pub block_size: u32,
     /// Positions in [`Workers`].
     pub workers: Vec<usize>,
+    /// What its picks may tokenize.
+    pub limits: Limits,
 }
 
 pub struct Picker {
@@ -41,6 +44,7 @@ pub struct Picker {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) routes: RouteMemory,
     counter: AtomicUsize,
+    encoder: Encoder,
 }
 
 /// The request, in domain terms.
@@ -92,6 +96,8 @@ struct Target<'a> {
     tenant: &'a str,
     model: &'a str,
     cache_salt: Option<&'a str>,
+    /// When the pick began (tokenizing included), for its latency.
+    start: Instant,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,12 +186,22 @@ impl Picker {
                         .filter(|w| w.cfg.model == m.name)
                         .map(|w| w.id as usize)
                         .collect(),
+                    limits: Limits {
+                        max_bytes: m.tokenize_cap(),
+                        max_model_len: m.max_model_len,
+                    },
                 };
                 (m.name.clone(), model)
             })
             .collect();
         let routes = RouteMemory::new(workers.len(), &cfg.scoring, ROUTE_ENTRIES);
+        let encoder = Encoder::new(
+            cfg.tokenize.large_prompt_bytes,
+            cfg.tokenize.max_concurrent_large,
+            metrics.clone(),
+        );
         Self {
+            encoder,
             routes,
             policy: cfg.scoring.policy,
             scoring: cfg.scoring.clone(),
@@ -215,25 +231,18 @@ impl Picker {
         self.models.get(name)
     }
 
-    /// The prompt's token ids (the first prompt of a completions batch).
-    /// Large prompts are encoded with `block_in_place` so that a cold 32k
-    /// prompt does not stall the other tasks of its runtime thread.
-    pub fn tokenize(&self, model: &Model, prompt: &Prompt) -> Result<Vec<u32>, String> {
-        let tok = model.tokenizer.as_ref().ok_or("no tokenizer loaded")?;
-        let start = Instant::now();
-        let multi_thread = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        let ids = if multi_thread && prompt_bytes(prompt) > BLOCKING_TOKENIZE_BYTES {
-            tokio::task::block_in_place(|| encode(tok, prompt))
-        } else {
-            encode(tok, prompt)
-        };
-        self.metrics
-            .tokenize_latency
-            .observe(start.elapsed().as_secs_f64());
-        ids
+    /// The prompt's token ids (the first prompt of a completions batch),
+    /// within the model's limits (see [`crate::encode`]): a prompt too large
+    /// to be worth tokenizing, or one arriving while the large-prompt
+    /// permits are taken, has none and its pick is scored on load only.
+    pub async fn tokenize(&self, model: &Model, prompt: Prompt) -> Result<Vec<u32>, Unread> {
+        self.encoder
+            .ids(model.tokenizer.as_ref(), model.limits, prompt)
+            .await
     }
 
+    /// A pick. Dropping the future (the caller is gone) stops a large
+    /// prompt's tokenization and commits nothing.
     pub async fn pick(&self, input: PickInput, mode: Mode) -> Outcome {
         let PickInput {
             request_id,
@@ -247,9 +256,17 @@ impl Picker {
             tenant: &tenant,
             model: &model,
             cache_salt: cache_salt.as_deref(),
+            start: Instant::now(),
         };
-        let ids = |m: &Model| prompt.and_then(|p| self.tokenize(m, &p));
-        self.place(target, ids, mode, PickAt::now()).await
+        // Tokenized before `place` (which only needs the result) so that
+        // the encode may run off this thread; unknown models and models
+        // without workers are answered by `place` without tokenizing.
+        let ids = match (self.models.get(&model), prompt) {
+            (_, Err(e)) => Err(Unread::Failed(e)),
+            (Some(m), Ok(p)) if !m.workers.is_empty() => self.tokenize(m, p).await,
+            (_, Ok(_)) => Ok(Vec::new()),
+        };
+        self.place(target, |_| ids, mode, PickAt::now()).await
     }
 
     /// A pick of a prompt already tokenized, at a given moment: what
@@ -261,6 +278,7 @@ impl Picker {
             tenant: &input.tenant,
             model: &input.model,
             cache_salt: input.cache_salt.as_deref(),
+            start: Instant::now(),
         };
         let ids = input.token_ids;
         self.place(target, |_| Ok(ids), mode, at).await
@@ -287,12 +305,12 @@ impl Picker {
     async fn place(
         &self,
         target: Target<'_>,
-        ids: impl FnOnce(&Model) -> Result<Vec<u32>, String>,
+        ids: impl FnOnce(&Model) -> Result<Vec<u32>, Unread>,
         mode: Mode,
         at: PickAt,
     ) -> Outcome {
         // Wall time, for the pick latency histogram (tokenizing included).
-        let start = Instant::now();
+        let start = target.start;
         let policy = policy_name(self.policy);
         let tenant = self.metrics.tenant_label(target.tenant);
         let Some(model) = self.models.get(target.model) else {
@@ -310,8 +328,8 @@ impl Picker {
         let ids = match ids(model) {
             Ok(ids) => ids,
             Err(e) => {
-                degraded = Some("tokenize_failed");
-                reason = format!("tokenize_failed: {e}");
+                degraded = Some(e.reason());
+                reason = e.to_string();
                 Vec::new()
             }
         };
@@ -530,54 +548,6 @@ pub fn worker_view(
 
 /// `(block, worker)` entries each route memory keeps at most (~20 MB).
 pub const ROUTE_ENTRIES: usize = 1 << 18;
-
-/// Prompts larger than this (about 32k tokens, ~10 ms to encode cold) are
-/// tokenized under `block_in_place`. Smaller ones stay on the task: a cold
-/// encode is a few ms at most, a warm one (segment cache) tens of µs, and
-/// the hand-off of the runtime thread costs a wakeup on every pick.
-const BLOCKING_TOKENIZE_BYTES: usize = 128 << 10;
-
-fn encode(tok: &PromptTokenizer, prompt: &Prompt) -> Result<Vec<u32>, String> {
-    match prompt {
-        Prompt::Chat(chat) => tok.chat_token_ids(chat).map_err(|e| e.to_string()),
-        Prompt::Completion {
-            prompt,
-            add_special_tokens,
-        } => {
-            let mut batch = tok
-                .completion_token_ids(prompt, *add_special_tokens)
-                .map_err(|e| e.to_string())?;
-            if batch.is_empty() {
-                return Err("empty prompt batch".to_owned());
-            }
-            Ok(batch.swap_remove(0))
-        }
-    }
-}
-
-/// Rough size of the text to encode.
-fn prompt_bytes(prompt: &Prompt) -> usize {
-    use kvsteer_tokenize::{CompletionPrompt, Content};
-    match prompt {
-        Prompt::Chat(chat) => chat
-            .messages
-            .iter()
-            .map(|m| match &m.content {
-                Content::Null => 0,
-                Content::Text(t) => t.len(),
-                Content::Parts(parts) => parts
-                    .iter()
-                    .map(|p| p.text.as_ref().map_or(0, String::len))
-                    .sum(),
-            })
-            .sum(),
-        Prompt::Completion { prompt, .. } => match prompt {
-            CompletionPrompt::Text(t) => t.len(),
-            CompletionPrompt::Texts(t) => t.first().map_or(0, String::len),
-            CompletionPrompt::Ids(_) | CompletionPrompt::IdBatch(_) => 0,
-        },
-    }
-}
 
 fn empty(policy: &'static str, reason: String) -> Outcome {
     Outcome {

@@ -17,6 +17,73 @@ pub enum Prompt {
     },
 }
 
+// === impl Prompt ===
+
+impl Prompt {
+    /// Bytes of text the tokenizer would encode for the pick (every text
+    /// field the chat template can render; the first prompt of a
+    /// completions batch, the only one routed on; 0 for token ids). The
+    /// template adds a few bytes per message. Cheap: no copy, no rendering.
+    pub fn text_bytes(&self) -> usize {
+        match self {
+            Self::Chat(chat) => {
+                let messages: usize = chat.messages.iter().map(message_bytes).sum();
+                let tools: usize = chat.tools.iter().flatten().map(json_bytes).sum();
+                let kwargs: usize = chat
+                    .chat_template_kwargs
+                    .iter()
+                    .map(|(k, v)| k.len() + json_bytes(v))
+                    .sum();
+                messages + tools + kwargs + opt_len(&chat.reasoning_effort)
+            }
+            Self::Completion { prompt, .. } => match prompt {
+                CompletionPrompt::Text(t) => t.len(),
+                CompletionPrompt::Texts(t) => t.first().map_or(0, String::len),
+                CompletionPrompt::Ids(_) | CompletionPrompt::IdBatch(_) => 0,
+            },
+        }
+    }
+}
+
+fn message_bytes(m: &ChatMessage) -> usize {
+    let content = match &m.content {
+        Content::Null => 0,
+        Content::Text(t) => t.len(),
+        Content::Parts(parts) => parts.iter().map(|p| p.kind.len() + opt_len(&p.text)).sum(),
+    };
+    let calls: usize = m
+        .tool_calls
+        .iter()
+        .map(|t| opt_len(&t.id) + opt_len(&t.kind) + t.name.len() + opt_len(&t.arguments))
+        .sum();
+    m.role.len()
+        + content
+        + calls
+        + opt_len(&m.tool_call_id)
+        + opt_len(&m.name)
+        + opt_len(&m.reasoning)
+}
+
+/// About the length of `v` serialized (strings and keys exactly, scalars
+/// roughly): what a template printing it would add.
+fn json_bytes(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.len() + 2,
+        Value::Array(items) => 2 + items.iter().map(|v| json_bytes(v) + 1).sum::<usize>(),
+        Value::Object(map) => {
+            2 + map
+                .iter()
+                .map(|(k, v)| k.len() + 4 + json_bytes(v))
+                .sum::<usize>()
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => 8,
+    }
+}
+
+fn opt_len(s: &Option<String>) -> usize {
+    s.as_ref().map_or(0, String::len)
+}
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PromptError {
     #[error("api kind {0} is not supported")]
@@ -213,6 +280,42 @@ mod tests {
         r.chat_template_kwargs_json = "[1]".into();
         let e = from_proto(&r).unwrap_err().to_string();
         assert!(e.starts_with("chat_template_kwargs_json"), "{e}");
+    }
+
+    /// Every text field counts: a prompt cannot hide its size in a tool
+    /// call's arguments, its reasoning or the tool schemas.
+    #[test]
+    fn text_bytes_counts_every_rendered_field() {
+        let Prompt::Chat(base) = from_proto(&chat_req()).unwrap() else {
+            panic!("not chat");
+        };
+        let size = |c: &ChatRequest| Prompt::Chat(c.clone()).text_bytes();
+        let small = size(&base);
+        assert!(small > "hi".len() + "hmm".len(), "{small}");
+        let big = "x".repeat(10_000);
+        let mut c = base.clone();
+        c.messages[1].tool_calls[0].arguments = Some(big.clone());
+        assert!(size(&c) >= small + 9_990);
+        let mut c = base.clone();
+        c.messages[1].reasoning = Some(big.clone());
+        assert!(size(&c) >= small + 9_990);
+        let mut c = base.clone();
+        c.tools = Some(vec![serde_json::json!({"description": big})]);
+        assert!(size(&c) >= small + 9_990);
+        let mut c = base.clone();
+        c.messages[0].content = Content::Text(big.clone());
+        assert!(size(&c) >= 10_000);
+        // A completions batch is routed on its first prompt only.
+        let batch = Prompt::Completion {
+            prompt: CompletionPrompt::Texts(vec!["abc".into(), big]),
+            add_special_tokens: None,
+        };
+        assert_eq!(batch.text_bytes(), 3);
+        let ids = Prompt::Completion {
+            prompt: CompletionPrompt::Ids(vec![1; 100]),
+            add_special_tokens: None,
+        };
+        assert_eq!(ids.text_bytes(), 0);
     }
 
     #[test]

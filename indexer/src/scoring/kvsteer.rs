@@ -91,6 +91,13 @@ impl Prediction {
         self.queued_tokens + self.uncached_tokens
     }
 
+    /// The part of the predicted TTFT that is not prefill work: the decode
+    /// steps sharing the batches. A first token observed sooner than this
+    /// carries no prefill time.
+    pub fn non_prefill_ms(&self) -> f64 {
+        self.decode_ms
+    }
+
     /// What a placement costs everyone: this request's TTFT plus the delay
     /// its prefill adds to the `backlog` requests that queue behind it.
     /// and the prefill of other requests' prefixes it evicts.
@@ -191,9 +198,29 @@ fn kv_wait_ms(s: &ScrapedLoad, need: f64) -> f64 {
     1000.0 * short * slot / used
 }
 
-/// The next prefill rate of a worker after a first-token observation:
-/// the rate that explains the observed TTFT (`work / (observed − decode)`)
-/// moves the current one by `calibration_alpha`, within the clamp.
+/// How far one observation may move the estimate: a sample's per-token
+/// time counts as at most this factor from the current one (a bounded
+/// EWMA step), so a few bad samples cannot drag the rate to a bound.
+pub const CALIBRATION_MAX_STEP: f64 = 2.0;
+
+/// The next prefill rate of a worker after a streamed first token.
+///
+/// The estimate is a per-token prefill time (ms/token), moved by
+/// `calibration_alpha` (EWMA) towards each observation's
+/// `(observed − decode) / work` — averaging times, not rates, so that a
+/// fast sample weighs no more than a slow one. Only evidence counts:
+/// - a start predicted by the slot or KV wait, or less than
+///   `calibration_min_tokens` of work, says nothing about the rate;
+/// - an observation at or below the predicted non-prefill time (the decode
+///   steps sharing the batches) carries no prefill time;
+/// - one implying a rate outside `[prior·rate_min_factor,
+///   prior·rate_max_factor]` is not a prefill (a chunk sent before it, an
+///   end-to-end time, a stall) and is dropped;
+/// - the rest counts as at most [`CALIBRATION_MAX_STEP`]× the current
+///   estimate either way (outliers bound the step, not the estimate).
+///
+/// The same observations give the same rate whatever the worker, so
+/// identical workers converge together.
 pub fn calibrate(
     cfg: &ScoringConfig,
     current_rate: f64,
@@ -209,13 +236,30 @@ pub fn calibrate(
     {
         return current_rate;
     }
-    let prefill_s = (observed_ms - predicted.decode_ms).max(1.0) / 1000.0;
-    let implied = work / prefill_s;
-    let next = (1.0 - cfg.calibration_alpha) * current_rate + cfg.calibration_alpha * implied;
-    next.clamp(
+    let prefill_ms = observed_ms - predicted.non_prefill_ms();
+    if prefill_ms <= 0.0 {
+        return current_rate;
+    }
+    let (lo, hi) = (
         cfg.prefill_rate_prior * cfg.rate_min_factor,
         cfg.prefill_rate_prior * cfg.rate_max_factor,
-    )
+    );
+    let implied = 1000.0 * work / prefill_ms;
+    if !(lo..=hi).contains(&implied) {
+        return current_rate;
+    }
+    let current = if current_rate.is_finite() && current_rate > 0.0 {
+        current_rate.clamp(lo, hi)
+    } else {
+        cfg.prefill_rate_prior
+    };
+    let per_token = 1000.0 / current;
+    let sample = (prefill_ms / work).clamp(
+        per_token / CALIBRATION_MAX_STEP,
+        per_token * CALIBRATION_MAX_STEP,
+    );
+    let next = (1.0 - cfg.calibration_alpha) * per_token + cfg.calibration_alpha * sample;
+    (1000.0 / next).clamp(lo, hi)
 }
 
 #[cfg(test)]
@@ -554,25 +598,18 @@ mod tests {
     }
 
     #[test]
-    fn calibration_moves_towards_observation_and_is_clamped() {
+    fn calibration_moves_the_per_token_time_towards_the_observation() {
         let c = cfg();
         let p = predict(&c, PROMPT, &cold());
-        // Observed twice as slow as predicted: the rate drops by alpha/2.
+        // Observed twice as slow as predicted: the per-token time moves by
+        // alpha towards twice itself.
         let next = calibrate(&c, RATE, &p, 2.0 * p.ttft_ms);
-        let expected = (1.0 - c.calibration_alpha) * RATE + c.calibration_alpha * RATE / 2.0;
+        let expected = RATE / (1.0 + c.calibration_alpha);
         assert!((next - expected).abs() < 1e-6, "{next} vs {expected}");
         // As observed: no change.
         assert!((calibrate(&c, RATE, &p, p.ttft_ms) - RATE).abs() < 1e-6);
-        // Absurdly fast or slow observations stay within the clamp.
-        let mut r = RATE;
-        for _ in 0..1000 {
-            r = calibrate(&c, r, &p, 0.001);
-        }
-        assert_eq!(r, RATE * c.rate_max_factor);
-        for _ in 0..1000 {
-            r = calibrate(&c, r, &p, 1e9);
-        }
-        assert_eq!(r, RATE * c.rate_min_factor);
+        // Three times as slow counts as twice: one sample's step is bounded.
+        assert!((calibrate(&c, RATE, &p, 3.0 * p.ttft_ms) - expected).abs() < 1e-6);
         // A start predicted by the wait for blocks or slots: unchanged.
         let waited = Prediction {
             queue_ms: 5_000.0,
@@ -584,5 +621,93 @@ mod tests {
         let tiny = predict(&c, 8, &cold());
         assert_eq!(calibrate(&c, RATE, &tiny, 500.0), RATE);
         assert_eq!(calibrate(&c, RATE, &p, f64::NAN), RATE);
+    }
+
+    /// What is not a prefill time does not move the rate: a first token
+    /// sooner than the decode steps ahead of it, one implying a rate beyond
+    /// the clamp (a chunk sent before the prefill), an end-to-end time.
+    #[test]
+    fn samples_without_a_prefill_time_are_dropped() {
+        let c = cfg();
+        let mut busy = cold();
+        busy.decoding = 200;
+        let p = predict(&c, PROMPT, &busy);
+        assert_eq!(p.non_prefill_ms(), 100.0);
+        let mut r = RATE;
+        for observed in [0.001, 50.0, 100.0, 1e9, 60.0 * p.ttft_ms] {
+            r = calibrate(&c, r, &p, observed);
+            assert_eq!(r, RATE, "after {observed} ms");
+        }
+    }
+
+    /// The failure: samples that are not prefill times pinned
+    /// identical workers at the two clamp bounds. A few bad samples that do
+    /// pass the checks (within the clamp) move the rate by a bounded step,
+    /// never to a bound, and it comes back.
+    #[test]
+    fn a_few_bad_samples_do_not_pin_the_rate() {
+        let c = cfg();
+        let p = predict(&c, PROMPT, &cold());
+        let (lo, hi) = (RATE * c.rate_min_factor, RATE * c.rate_max_factor);
+        let mut r = RATE;
+        // Just inside the bounds: 3.9× too slow, then 3.9× too fast.
+        for _ in 0..3 {
+            r = calibrate(&c, r, &p, 3.9 * p.ttft_ms);
+        }
+        assert!(r > RATE / 1.5 && r > lo * 1.5, "{r}");
+        r = RATE;
+        for _ in 0..3 {
+            r = calibrate(&c, r, &p, p.ttft_ms / 3.9);
+        }
+        assert!(r < RATE * 1.5 && r < hi / 1.5, "{r}");
+        for _ in 0..40 {
+            r = calibrate(&c, r, &p, p.ttft_ms);
+        }
+        assert!((r / RATE - 1.0).abs() < 0.02, "{r}");
+    }
+
+    /// Identical workers fed different noisy samples of the same true rate
+    /// (±30 %, with an occasional sample that is not a prefill time) end
+    /// within 20 % of each other and of the truth, starting from a prior
+    /// off by half.
+    #[test]
+    fn identical_workers_converge_to_the_true_rate() {
+        let c = ScoringConfig {
+            prefill_rate_prior: RATE / 2.0,
+            ..cfg()
+        };
+        let truth = RATE;
+        let p = predict(&c, PROMPT, &cold());
+        let true_ms = 1000.0 * p.work_tokens() / truth;
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut noise = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % 1_000) as f64 / 1_000.0
+        };
+        let rates: Vec<f64> = (0..3)
+            .map(|_| {
+                let mut r = c.prefill_rate_prior;
+                for i in 0..40 {
+                    let observed = match i % 10 {
+                        // A role chunk sent before the prefill, and an
+                        // end-to-end time: not prefill times.
+                        3 => 0.5,
+                        7 => 40.0 * true_ms,
+                        _ => true_ms * (0.7 + 0.6 * noise()),
+                    };
+                    r = calibrate(&c, r, &p, observed);
+                }
+                r
+            })
+            .collect();
+        for r in &rates {
+            assert!((r / truth - 1.0).abs() < 0.2, "{rates:?}");
+        }
+        let (min, max) = rates
+            .iter()
+            .fold((f64::MAX, 0.0_f64), |(a, b), &r| (a.min(r), b.max(r)));
+        assert!(max / min < 1.2, "{rates:?}");
     }
 }

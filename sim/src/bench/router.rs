@@ -88,6 +88,7 @@ impl VirtualRouter {
                 name: MODEL.to_owned(),
                 tokenizer: PathBuf::new(),
                 block_size,
+                ..ModelConfig::default()
             }],
             workers: (0..workers)
                 .map(|w| WorkerConfig {
