@@ -42,11 +42,13 @@ async fn reports(c: &Cluster, kind: &str) -> f64 {
 }
 
 async fn wait_in_flight(c: &Cluster, what: &str, want: u64) {
-    wait_until(what, WAIT, || async {
+    let waited = wait_until(what, WAIT, || async {
         (c.total_in_flight().await.ok()? == want).then_some(())
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}: in flight {:?}", c.total_in_flight().await));
+    .await;
+    if let Err(e) = waited {
+        panic!("{e}: in flight {:?}", c.total_in_flight().await);
+    }
 }
 
 /// A client of its own, so dropping a request closes its connection.
