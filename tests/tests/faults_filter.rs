@@ -218,6 +218,7 @@ async fn failed_reports_are_counted() {
     let mut c = Cluster::start(sims(1.0)).await.expect("cluster");
     let url = c.envoy_url("/v1/chat/completions");
     assert_eq!(filter_stat(&c, "kvsteer_filter_report_failed").await, 0);
+    let first_before = reports(&c, "first_token").await;
     let requests: Vec<_> = (0..3)
         .map(|i| {
             let client = c.client.clone();
@@ -227,7 +228,15 @@ async fn failed_reports_are_counted() {
         })
         .collect();
     wait_in_flight(&c, "three picks", 3).await;
-    // Their DONE reports find no indexer.
+    // Once their first tokens are reported, the indexer goes: the DONE
+    // reports, decided as the streams end, find nobody. (A report sent by an
+    // HTTP context that is gone by the time its answer comes was never
+    // counted.)
+    wait_until("three first tokens", WAIT, || async {
+        (reports(&c, "first_token").await - first_before >= 3.0).then_some(())
+    })
+    .await
+    .expect("first tokens");
     c.stop_indexer();
     for r in requests {
         assert_eq!(r.await.expect("join").expect("request").status, 200);
