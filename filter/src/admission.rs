@@ -13,12 +13,13 @@ pub enum Api {
     Completions,
 }
 
-/// What the headers say about the request, before any body is seen.
+/// What the headers say about the request, before any body is seen. The
+/// content type is not among them: clients send JSON as `text/plain`, with
+/// charsets or with no type at all, so the body decides (see [`body_start`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestHead<'a> {
     pub method: Option<&'a str>,
     pub path: Option<&'a str>,
-    pub content_type: Option<&'a str>,
     pub content_length: Option<&'a str>,
     /// The headers ended the stream: no body follows.
     pub end_of_stream: bool,
@@ -43,7 +44,24 @@ pub enum BodyVerdict {
     Complete,
     /// Over the limit: let go now, before Envoy's own buffer limit answers 413.
     TooLarge,
+    /// The body does not start like a JSON object: let go without buffering the rest.
+    NotJson,
 }
+
+/// What the first bytes of a body say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyStart {
+    /// Starts with `{` (after whitespace): buffer it and let the parser decide.
+    Object,
+    /// Starts with something else: no OpenAI request.
+    NotJson,
+    /// Only whitespace so far.
+    Blank,
+}
+
+/// Bytes of a body's start the host reads to tell JSON from not; a body
+/// with this much leading whitespace is left to the parser.
+pub const SNIFF_BYTES: usize = 512;
 
 // === impl Api ===
 
@@ -96,11 +114,6 @@ pub fn classify(config: &FilterConfig, head: &RequestHead<'_>) -> HeadersVerdict
     if head.method != Some("POST") || head.end_of_stream {
         return HeadersVerdict::PassThrough;
     }
-    if let Some(content_type) = head.content_type
-        && !is_json(content_type)
-    {
-        return HeadersVerdict::FailOpen(FailOpenReason::NotJson);
-    }
     if let Some(length) = head.content_length {
         match length.trim().parse::<u64>() {
             Ok(0) => return HeadersVerdict::PassThrough,
@@ -115,8 +128,20 @@ pub fn classify(config: &FilterConfig, head: &RequestHead<'_>) -> HeadersVerdict
     HeadersVerdict::Buffer(api)
 }
 
-/// Decides on a body chunk; `buffered` is the running size Envoy reports.
-pub fn on_body(config: &FilterConfig, buffered: usize, end_of_stream: bool) -> BodyVerdict {
+/// Decides on a body chunk; `buffered` is the running size Envoy reports and
+/// `start` what its first bytes say (`None` once that is settled as JSON).
+pub fn on_body(
+    config: &FilterConfig,
+    buffered: usize,
+    end_of_stream: bool,
+    start: Option<BodyStart>,
+) -> BodyVerdict {
+    match start {
+        Some(BodyStart::NotJson) => return BodyVerdict::NotJson,
+        // Empty or all whitespace to the end: nothing to parse.
+        Some(BodyStart::Blank) if end_of_stream => return BodyVerdict::NotJson,
+        _ => {}
+    }
     if buffered > config.max_body_bytes {
         BodyVerdict::TooLarge
     } else if end_of_stream {
@@ -126,10 +151,13 @@ pub fn on_body(config: &FilterConfig, buffered: usize, end_of_stream: bool) -> B
     }
 }
 
-/// `application/json`, with or without parameters (`; charset=utf-8`).
-fn is_json(content_type: &str) -> bool {
-    let essence = content_type.split(';').next().unwrap_or_default().trim();
-    essence.eq_ignore_ascii_case("application/json")
+/// Classifies the first bytes of a body (up to [`SNIFF_BYTES`] of them).
+pub fn body_start(prefix: &[u8]) -> BodyStart {
+    match prefix.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => BodyStart::Object,
+        Some(_) => BodyStart::NotJson,
+        None => BodyStart::Blank,
+    }
 }
 
 #[cfg(test)]
@@ -140,7 +168,6 @@ mod tests {
         RequestHead {
             method: Some("POST"),
             path: Some(path),
-            content_type: Some("application/json"),
             content_length: Some("120"),
             end_of_stream: false,
         }
@@ -159,19 +186,10 @@ mod tests {
         );
         let chunked = RequestHead {
             content_length: None,
-            content_type: Some("Application/JSON; charset=utf-8"),
             ..head("/v1/chat/completions")
         };
         assert_eq!(
             classify(&config, &chunked),
-            HeadersVerdict::Buffer(Api::Chat)
-        );
-        let untyped = RequestHead {
-            content_type: None,
-            ..head("/v1/chat/completions")
-        };
-        assert_eq!(
-            classify(&config, &untyped),
             HeadersVerdict::Buffer(Api::Chat)
         );
     }
@@ -214,19 +232,11 @@ mod tests {
     }
 
     #[test]
-    fn fails_open_on_content_type_and_size() {
+    fn fails_open_on_size_and_framing() {
         let config = FilterConfig {
             max_body_bytes: 100,
             ..FilterConfig::default()
         };
-        let form = RequestHead {
-            content_type: Some("application/x-www-form-urlencoded"),
-            ..head("/v1/completions")
-        };
-        assert_eq!(
-            classify(&config, &form),
-            HeadersVerdict::FailOpen(FailOpenReason::NotJson)
-        );
         assert_eq!(
             classify(&config, &head("/v1/completions")),
             HeadersVerdict::FailOpen(FailOpenReason::BodyTooLarge)
@@ -255,12 +265,33 @@ mod tests {
             max_body_bytes: 100,
             ..FilterConfig::default()
         };
-        assert_eq!(on_body(&config, 40, false), BodyVerdict::Wait);
-        assert_eq!(on_body(&config, 100, false), BodyVerdict::Wait);
-        assert_eq!(on_body(&config, 100, true), BodyVerdict::Complete);
-        assert_eq!(on_body(&config, 0, true), BodyVerdict::Complete);
-        assert_eq!(on_body(&config, 101, false), BodyVerdict::TooLarge);
-        assert_eq!(on_body(&config, 101, true), BodyVerdict::TooLarge);
+        assert_eq!(on_body(&config, 40, false, None), BodyVerdict::Wait);
+        assert_eq!(on_body(&config, 100, false, None), BodyVerdict::Wait);
+        assert_eq!(on_body(&config, 100, true, None), BodyVerdict::Complete);
+        assert_eq!(on_body(&config, 101, false, None), BodyVerdict::TooLarge);
+        assert_eq!(on_body(&config, 101, true, None), BodyVerdict::TooLarge);
+        let object = Some(BodyStart::Object);
+        assert_eq!(on_body(&config, 40, true, object), BodyVerdict::Complete);
+        assert_eq!(on_body(&config, 101, false, object), BodyVerdict::TooLarge);
+    }
+
+    #[test]
+    fn the_body_not_the_content_type_decides_json() {
+        assert_eq!(body_start(b"{\"model\":1}"), BodyStart::Object);
+        assert_eq!(body_start(b" \r\n\t{"), BodyStart::Object);
+        assert_eq!(body_start(b"hello worker"), BodyStart::NotJson);
+        assert_eq!(body_start(b"[1,2]"), BodyStart::NotJson);
+        assert_eq!(body_start(b"--boundary\r\n"), BodyStart::NotJson);
+        assert_eq!(body_start(b""), BodyStart::Blank);
+        assert_eq!(body_start(b"  \n "), BodyStart::Blank);
+
+        let config = FilterConfig::default();
+        let not_json = Some(BodyStart::NotJson);
+        assert_eq!(on_body(&config, 10, false, not_json), BodyVerdict::NotJson);
+        let blank = Some(BodyStart::Blank);
+        assert_eq!(on_body(&config, 3, false, blank), BodyVerdict::Wait);
+        assert_eq!(on_body(&config, 3, true, blank), BodyVerdict::NotJson);
+        assert_eq!(on_body(&config, 0, true, blank), BodyVerdict::NotJson);
     }
 
     #[test]

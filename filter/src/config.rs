@@ -35,7 +35,15 @@ pub struct FilterConfig {
     pub tenant_header: String,
     /// When false, a client-supplied tenant header is removed.
     pub trust_tenant_header: bool,
-    /// Bodies larger than this pass through unrouted.
+    /// Bodies larger than this pass through unrouted. One setting with the
+    /// indexer's `grpc.max_message_bytes`, which must be at least this plus
+    /// headroom for the `Pick` encoding (headers, field tags): otherwise the
+    /// indexer refuses the large picks the filter waits for, and they fail
+    /// open as `grpc_error`. The `Pick` of a body is about as large as the
+    /// body or smaller (strings lose their JSON quotes and escapes, token ids
+    /// become varints, the keys are gone); the headroom covers the rest. The
+    /// filter cannot see the indexer's setting: the docs (README, `envoy/`)
+    /// keep the two together, defaults 8 MiB here and 8 MiB plus headroom there.
     pub max_body_bytes: usize,
     /// Header read by Envoy's override_host load balancer.
     pub destination_header: String,

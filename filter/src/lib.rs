@@ -1,13 +1,15 @@
 //! kvsteer's proxy-wasm HTTP filter for Envoy.
 //!
 //! A request's way through the filter, module by module:
-//! [`admission`] (headers: strip, buffer or pass) → [`openai`] (body →
-//! `PickRequest`) → the indexer's `Pick` over gRPC → [`pick`] (answer →
+//! [`admission`] (headers: strip, buffer or pass; does the body look like
+//! JSON) → [`openai`] (body → `PickRequest`, keyed by a [`pick_id`] of the
+//! filter's own) → the indexer's `Pick` over gRPC → [`pick`] (answer →
 //! destination header, new body or local reply) → Envoy's override_host load
-//! balancer → the worker → [`report`] and [`usage`] (first token, done or
-//! cancelled back to the indexer). Whatever goes wrong, the request goes on
-//! untouched to Envoy's fallback load balancing and a [`metrics`] counter says
-//! why.
+//! balancer → the worker → [`first_output`] (the stream's first generated
+//! output), [`usage`] and [`report`] (first token, done or cancelled) →
+//! [`outbox`] → back to the indexer from the root context. Whatever goes
+//! wrong, the request goes on untouched to Envoy's fallback load balancing
+//! and a [`metrics`] counter says why.
 //!
 //! Everything but `host/` is plain Rust tested on the host target; `host/` is
 //! the thin glue to the proxy-wasm ABI and never panics on its own account.
@@ -15,14 +17,17 @@
 
 pub mod admission;
 pub mod config;
+pub mod first_output;
 mod host;
 pub mod metrics;
 pub mod openai;
+pub mod outbox;
 pub mod pick;
+pub mod pick_id;
 pub mod report;
 pub mod usage;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
-    proxy_wasm::set_root_context(|_context_id| Box::<host::root::KvsteerRoot>::default());
+    proxy_wasm::set_root_context(|context_id| Box::new(host::root::KvsteerRoot::new(context_id)));
 }}

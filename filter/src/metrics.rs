@@ -19,9 +19,10 @@ pub enum FailOpenReason {
     BadAnswer,
     /// The indexer had no opinion (no endpoints).
     NoEndpoints,
-    /// The body is not JSON or not an OpenAI request.
+    /// The body starts like a JSON object but is not valid JSON or not an
+    /// OpenAI request.
     MalformedBody,
-    /// The content type is not JSON.
+    /// The body does not start like a JSON object (whatever its content type).
     NotJson,
     /// The body is larger than `max_body_bytes`.
     BodyTooLarge,

@@ -1,25 +1,82 @@
-//! Report bookkeeping for one request: picked → first token? → done |
-//! cancelled. Exactly one terminal report per picked request; every event is
-//! idempotent, and requests that were never picked report nothing.
+//! Report bookkeeping for one request, as a state machine with no host types:
+//!
+//! ```text
+//! idle --pick_sent--> pending --answered(steered)--> picked --flush--> first_token_sent
+//!                        |  \--answered(unchosen)--> unchosen           |
+//!                        |   \--answered(abandoned)--> CANCELLED        |
+//!                        \--close--> CANCELLED      picked | first_token_sent --end--> DONE
+//!                                                                       \--close--> CANCELLED
+//! ```
+//!
+//! What it guarantees (and `tests` checks over random event sequences):
+//! at most one terminal report (DONE or CANCELLED) per request; a request
+//! whose pick was sent and that ends (response end, stream close, failed
+//! pick) gets exactly one; no FIRST_TOKEN after the terminal report. A
+//! response whose first output was not reported on its own by the time it
+//! ends (one chunk, or a whole JSON body) gets one DONE carrying
+//! `first_token_ms`, so the indexer never sees first token and end race.
 
 use kvsteer_proto::v1::{ReportKind, ReportRequest, Usage};
 
+/// How a `Pick` call ended, as far as the indexer's ledger is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PickEnd {
+    /// The chosen destination was applied: the request goes to that worker.
+    Steered,
+    /// The indexer answered without choosing a worker (no endpoints, a
+    /// rejection): it holds nothing for this request.
+    Unchosen,
+    /// The call failed or its answer could not be applied: the indexer may
+    /// hold the request's load, so it is cancelled.
+    Abandoned,
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ReportState {
-    /// Not steered by the indexer: nothing to report.
+    /// No pick sent: nothing to report.
     #[default]
-    Unpicked,
-    /// Forwarded upstream with the indexer's choice.
+    Idle,
+    /// The indexer answered without choosing a worker: nothing to report.
+    Unchosen,
+    /// The `Pick` call is outstanding.
+    Pending,
+    /// Forwarded to the indexer's choice; no first-token report sent yet.
     Picked,
-    /// The first response body bytes arrived.
-    FirstToken,
-    /// Done or cancelled was reported.
+    /// A FIRST_TOKEN report was sent.
+    FirstTokenSent,
+    /// DONE or CANCELLED was reported.
     Finished,
+}
+
+/// When the first generated output was seen, in ms since the request was
+/// forwarded.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FirstOutput {
+    pub at_ms: f64,
+    /// A real time to first token: a streamed 2xx response's first output event.
+    pub measured: bool,
+    /// Worth a FIRST_TOKEN report of its own (streams); otherwise it only
+    /// rides on DONE (whole responses, whose first bytes come with the end).
+    pub alone: bool,
+}
+
+/// One report to send, without the request's identity and response facts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Report {
+    pub kind: ReportKind,
+    /// ms since forwarding to this event.
+    pub elapsed_ms: f64,
+    /// DONE only: the first token, when no FIRST_TOKEN report was sent.
+    pub first_token_ms: Option<f64>,
+    /// `elapsed_ms` (FIRST_TOKEN) or `first_token_ms` (DONE) is a measured TTFT.
+    pub ttft_measured: bool,
 }
 
 #[derive(Clone, Debug, Default)]
 pub struct ReportTracker {
     state: ReportState,
+    first_bytes_ms: Option<f64>,
+    first_output: Option<FirstOutput>,
 }
 
 /// What the response has told the filter so far; fills the report fields.
@@ -36,161 +93,147 @@ impl ReportTracker {
         self.state
     }
 
-    /// Reports are due for this request: the pick was applied.
-    pub fn picked(&mut self) {
-        if self.state == ReportState::Unpicked {
-            self.state = ReportState::Picked;
+    /// The `Pick` call was dispatched: from now on the indexer may count it.
+    pub fn pick_sent(&mut self) {
+        if self.state == ReportState::Idle {
+            self.state = ReportState::Pending;
+        }
+    }
+
+    pub fn is_pending(&self) -> bool {
+        self.state == ReportState::Pending
+    }
+
+    /// The `Pick` call ended; an abandoned pick is cancelled right away.
+    pub fn pick_answered(&mut self, end: PickEnd) -> Option<Report> {
+        if self.state != ReportState::Pending {
+            return None;
+        }
+        match end {
+            PickEnd::Steered => {
+                self.state = ReportState::Picked;
+                None
+            }
+            PickEnd::Unchosen => {
+                self.state = ReportState::Unchosen;
+                None
+            }
+            PickEnd::Abandoned => self.finish(ReportKind::Cancelled, 0.0),
         }
     }
 
     /// Whether response bytes still matter (first token or the final usage).
     pub fn wants_response(&self) -> bool {
-        matches!(self.state, ReportState::Picked | ReportState::FirstToken)
+        matches!(
+            self.state,
+            ReportState::Picked | ReportState::FirstTokenSent
+        )
     }
 
-    /// A response body chunk of `len` bytes arrived.
-    pub fn on_body(&mut self, len: usize) -> Option<ReportKind> {
-        if self.state == ReportState::Picked && len > 0 {
-            self.state = ReportState::FirstToken;
-            Some(ReportKind::FirstToken)
-        } else {
-            None
+    /// Response body bytes arrived at `at_ms` (the fallback first-token time
+    /// when no output event is recognised).
+    pub fn response_bytes(&mut self, at_ms: f64) {
+        if self.wants_response() && self.first_bytes_ms.is_none() {
+            self.first_bytes_ms = Some(at_ms);
         }
     }
 
-    /// The response reached its end of stream.
-    pub fn on_end(&mut self) -> Option<ReportKind> {
-        self.finish(ReportKind::Done)
-    }
-
-    /// The stream went away (client cancel, upstream reset, local reply)
-    /// without a response end.
-    pub fn on_close(&mut self) -> Option<ReportKind> {
-        self.finish(ReportKind::Cancelled)
-    }
-
-    fn finish(&mut self, kind: ReportKind) -> Option<ReportKind> {
-        if self.wants_response() {
-            self.state = ReportState::Finished;
-            Some(kind)
-        } else {
-            None
+    /// The first generated output was seen; only the first sighting counts.
+    pub fn output(&mut self, first: FirstOutput) {
+        if self.state == ReportState::Picked && self.first_output.is_none() {
+            self.first_output = Some(first);
         }
+    }
+
+    /// The FIRST_TOKEN report, once the output that deserves one was seen
+    /// and the response did not end in the same callback (then `end` carries
+    /// it instead).
+    pub fn flush_first_token(&mut self) -> Option<Report> {
+        let first = self.first_output.filter(|f| f.alone)?;
+        if self.state != ReportState::Picked {
+            return None;
+        }
+        self.state = ReportState::FirstTokenSent;
+        Some(Report {
+            kind: ReportKind::FirstToken,
+            elapsed_ms: first.at_ms,
+            first_token_ms: None,
+            ttft_measured: first.measured,
+        })
+    }
+
+    /// The response reached its end of stream at `at_ms`.
+    pub fn end(&mut self, at_ms: f64) -> Option<Report> {
+        if !self.wants_response() {
+            return None;
+        }
+        let unsent_first_token = self.state == ReportState::Picked;
+        let mut report = self.finish(ReportKind::Done, at_ms)?;
+        if unsent_first_token {
+            let (first_ms, measured) = match self.first_output {
+                Some(first) => (first.at_ms, first.measured),
+                None => (self.first_bytes_ms.unwrap_or(at_ms), false),
+            };
+            report.first_token_ms = Some(first_ms);
+            report.ttft_measured = measured;
+        }
+        Some(report)
+    }
+
+    /// The stream went away (client reset, upstream reset, local reply)
+    /// before the response ended, or while the pick was outstanding.
+    pub fn close(&mut self, at_ms: f64) -> Option<Report> {
+        match self.state {
+            ReportState::Pending | ReportState::Picked | ReportState::FirstTokenSent => {
+                self.finish(ReportKind::Cancelled, at_ms)
+            }
+            ReportState::Idle | ReportState::Unchosen | ReportState::Finished => None,
+        }
+    }
+
+    fn finish(&mut self, kind: ReportKind, at_ms: f64) -> Option<Report> {
+        if self.state == ReportState::Finished {
+            return None;
+        }
+        self.state = ReportState::Finished;
+        Some(Report {
+            kind,
+            elapsed_ms: at_ms,
+            first_token_ms: None,
+            ttft_measured: false,
+        })
     }
 }
 
-/// Builds a report. `usage` is only sent with done.
+/// Builds the wire report. `usage` is only sent with DONE.
 pub fn report_request(
-    request_id: &str,
-    kind: ReportKind,
+    pick_id: &str,
+    report: &Report,
     facts: &ResponseFacts,
-    elapsed_ms: f64,
     usage: Option<Usage>,
 ) -> ReportRequest {
+    let done = report.kind == ReportKind::Done;
+    let first_token_ms = if done {
+        report.first_token_ms.map(non_negative)
+    } else {
+        None
+    };
     ReportRequest {
-        request_id: request_id.to_owned(),
-        kind: kind as i32,
-        usage: if kind == ReportKind::Done {
-            usage
-        } else {
-            None
-        },
+        request_id: pick_id.to_owned(),
+        kind: report.kind as i32,
+        usage: if done { usage } else { None },
         upstream: facts.upstream.clone(),
-        elapsed_ms: if elapsed_ms.is_finite() {
-            elapsed_ms.max(0.0)
-        } else {
-            0.0
-        },
+        elapsed_ms: non_negative(report.elapsed_ms),
         status: facts.status,
-        ..ReportRequest::default()
+        ttft_measured: report.ttft_measured
+            && (report.kind == ReportKind::FirstToken || first_token_ms.is_some()),
+        first_token_ms,
     }
+}
+
+fn non_negative(ms: f64) -> f64 {
+    if ms.is_finite() { ms.max(0.0) } else { 0.0 }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unpicked_requests_report_nothing() {
-        let mut t = ReportTracker::default();
-        assert!(!t.wants_response());
-        assert_eq!(t.on_body(10), None);
-        assert_eq!(t.on_end(), None);
-        assert_eq!(t.on_close(), None);
-        assert_eq!(t.state(), ReportState::Unpicked);
-    }
-
-    #[test]
-    fn streamed_response_reports_first_token_then_done_once() {
-        let mut t = ReportTracker::default();
-        t.picked();
-        assert_eq!(t.on_body(0), None, "empty chunks are not a token");
-        assert_eq!(t.on_body(5), Some(ReportKind::FirstToken));
-        assert_eq!(t.on_body(5), None);
-        assert_eq!(t.on_end(), Some(ReportKind::Done));
-        assert_eq!(t.on_end(), None);
-        assert_eq!(t.on_close(), None, "closing after done is not a cancel");
-        assert_eq!(t.on_body(5), None);
-        assert_eq!(t.state(), ReportState::Finished);
-    }
-
-    #[test]
-    fn bodiless_response_is_done_without_first_token() {
-        let mut t = ReportTracker::default();
-        t.picked();
-        assert_eq!(t.on_end(), Some(ReportKind::Done));
-        assert_eq!(t.on_close(), None);
-    }
-
-    #[test]
-    fn early_close_is_cancelled_once() {
-        let mut before_token = ReportTracker::default();
-        before_token.picked();
-        assert_eq!(before_token.on_close(), Some(ReportKind::Cancelled));
-        assert_eq!(before_token.on_close(), None);
-        assert_eq!(before_token.on_end(), None);
-
-        let mut after_token = ReportTracker::default();
-        after_token.picked();
-        after_token.on_body(1);
-        assert_eq!(after_token.on_close(), Some(ReportKind::Cancelled));
-        assert_eq!(after_token.on_end(), None);
-    }
-
-    #[test]
-    fn picked_is_idempotent() {
-        let mut t = ReportTracker::default();
-        t.picked();
-        t.on_body(1);
-        t.picked();
-        assert_eq!(t.state(), ReportState::FirstToken);
-        t.on_end();
-        t.picked();
-        assert_eq!(t.state(), ReportState::Finished);
-    }
-
-    #[test]
-    fn report_fields() {
-        let facts = ResponseFacts {
-            upstream: "127.0.0.1:8001".into(),
-            status: 200,
-        };
-        let usage = Usage {
-            prompt_tokens: 3,
-            completion_tokens: 2,
-            cached_tokens: 1,
-        };
-        let done = report_request("r1", ReportKind::Done, &facts, 12.5, Some(usage));
-        assert_eq!(done.request_id, "r1");
-        assert_eq!(done.kind, ReportKind::Done as i32);
-        assert_eq!(done.usage, Some(usage));
-        assert_eq!(done.upstream, "127.0.0.1:8001");
-        assert_eq!(done.elapsed_ms, 12.5);
-        assert_eq!(done.status, 200);
-        let first = report_request("r1", ReportKind::FirstToken, &facts, -1.0, Some(usage));
-        assert_eq!(first.usage, None);
-        assert_eq!(first.elapsed_ms, 0.0);
-        let nan = report_request("r1", ReportKind::Cancelled, &facts, f64::NAN, None);
-        assert_eq!(nan.elapsed_ms, 0.0);
-    }
-}
+mod tests;

@@ -232,10 +232,107 @@ impl Cluster {
     }
 }
 
+// === faults and counters (used by tests/faults_filter.rs) ===
+
+impl Cluster {
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the indexer process.
+    pub fn signal_indexer(&self, signal: &str) -> anyhow::Result<()> {
+        let pid = self
+            .indexer
+            .as_ref()
+            .context("the indexer is not running")?
+            .id();
+        let status = Command::new("kill")
+            .args(["-s", signal, &pid.to_string()])
+            .status()
+            .context("running kill")?;
+        anyhow::ensure!(status.success(), "kill -s {signal} {pid}: {status}");
+        Ok(())
+    }
+
+    /// An Envoy stat by its full name (`wasmcustom.kvsteer_filter_steered`,
+    /// `cluster.kvsteer_indexer.upstream_rq_active`); 0 when absent.
+    pub async fn envoy_stat(&self, name: &str) -> anyhow::Result<u64> {
+        let text = self
+            .client
+            .get("http://127.0.0.1:9901/stats")
+            .query(&[("filter", format!("^{}$", name.replace('.', "\\.")))])
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
+        Ok(text
+            .lines()
+            .filter_map(|l| l.split_once(": "))
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, v)| v.trim().parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// The sum of the indexer's `/metrics` samples named `name` whose labels
+    /// include every `key="value"` of `labels`.
+    pub async fn indexer_metric(&self, name: &str, labels: &[&str]) -> anyhow::Result<f64> {
+        let text = self
+            .client
+            .get(self.admin_url("/metrics"))
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
+        Ok(metric_sum(&text, name, labels))
+    }
+}
+
+/// Sums the samples of one metric in Prometheus text format.
+pub fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+            (metric == name && labels.iter().all(|want| rest.contains(want)))
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
 /// The worker list of a `/debug/workers` answer (a bare array or `{"workers": [...]}`).
 pub fn workers_of(v: &Value) -> Vec<Value> {
     v.as_array()
         .or_else(|| v.get("workers").and_then(Value::as_array))
         .cloned()
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_matching_prometheus_samples() {
+        let text = "# HELP kvsteer_reports Reports by kind\n\
+                    # TYPE kvsteer_reports counter\n\
+                    kvsteer_reports_total{kind=\"done\"} 3\n\
+                    kvsteer_reports_total{kind=\"cancelled\"} 2\n\
+                    kvsteer_in_flight{worker=\"w1\"} 1\n\
+                    kvsteer_in_flight{worker=\"w2\"} 4\n\
+                    kvsteer_in_flight_expired_total 7\n";
+        assert_eq!(
+            metric_sum(text, "kvsteer_reports_total", &["kind=\"done\""]),
+            3.0
+        );
+        assert_eq!(metric_sum(text, "kvsteer_in_flight", &[]), 5.0);
+        assert_eq!(
+            metric_sum(text, "kvsteer_in_flight_expired_total", &[]),
+            7.0
+        );
+        assert_eq!(
+            metric_sum(text, "kvsteer_reports_total", &["kind=\"x\""]),
+            0.0
+        );
+        assert_eq!(metric_sum(text, "absent", &[]), 0.0);
+    }
 }

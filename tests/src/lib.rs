@@ -13,7 +13,7 @@ mod paths;
 mod process;
 mod recorder;
 
-pub use cluster::{Cluster, ClusterOptions, MODEL, SimOptions, workers_of};
+pub use cluster::{Cluster, ClusterOptions, MODEL, SimOptions, metric_sum, workers_of};
 pub use http::{ChatReply, chat_body, send_chat, send_raw};
 pub use paths::Paths;
 pub use process::{Proc, wait_http_ok, wait_until};

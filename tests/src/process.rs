@@ -30,6 +30,11 @@ impl Proc {
         })
     }
 
+    /// The process id (to signal it).
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether the process has exited.
     pub fn exited(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(Some(_)))

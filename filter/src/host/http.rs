@@ -5,31 +5,36 @@ use std::rc::Rc;
 use std::time::{Duration, SystemTime};
 
 use kvsteer_proto::paths;
-use kvsteer_proto::v1::{ReportKind, Usage};
 use prost::Message;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, GrpcStatusCode, MapType};
 
-use crate::admission::{self, Api, BodyVerdict, HeadersVerdict, RequestHead};
+use crate::admission::{self, Api, BodyStart, BodyVerdict, HeadersVerdict, RequestHead};
+use crate::first_output::{self, FirstOutputScanner, Scan};
 use crate::host::calls::{self, header};
 use crate::host::root::Shared;
 use crate::metrics::{self, Counter, FailOpenReason, Histogram};
 use crate::openai;
 use crate::pick::{self, PickOutcome};
-use crate::report::{self, ReportTracker, ResponseFacts};
+use crate::report::{self, FirstOutput, PickEnd, Report, ReportTracker, ResponseFacts};
 use crate::usage::UsageScanner;
 
 const REQUEST: MapType = MapType::HttpRequestHeaders;
 const RESPONSE: MapType = MapType::HttpResponseHeaders;
+
+/// Bytes of one response chunk handed to the first-output scanner; a larger
+/// chunk that holds no output by then stops the scan.
+const SCAN_CHUNK_BYTES: usize = 64 * 1024;
 
 /// Where the request stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     /// Not (or no longer) held by the filter.
     Idle,
-    /// Headers paused, body being buffered.
-    Buffering(Api),
+    /// Headers paused, body being buffered; `start` is `None` once the body
+    /// is known to start like a JSON object.
+    Buffering { api: Api, start: Option<BodyStart> },
     /// Waiting for the `Pick` answer sent at `sent_at`; the body is `body_len` bytes.
     AwaitingPick {
         token: u32,
@@ -50,17 +55,14 @@ pub(crate) struct KvsteerHttp {
     context_id: u32,
     shared: Option<Rc<Shared>>,
     phase: Phase,
-    request_id: String,
+    /// This stream's pick id (the filter's own, never a client header).
+    pick_id: String,
     tracker: ReportTracker,
     facts: ResponseFacts,
     resumed_at: Option<SystemTime>,
     usage: UsageScanner,
-    /// The terminal report, decided at the response's end and sent from
-    /// `on_log`, once the response has reached the client.
-    deferred: Option<(ReportKind, Option<Usage>)>,
-    /// A first-token report not sent yet, with the milliseconds from resume
-    /// to the first body chunk (see `on_http_response_body`).
-    deferred_first_token: Option<f64>,
+    /// Follows a streamed (SSE) response until its first output event.
+    scanner: Option<FirstOutputScanner>,
 }
 
 impl KvsteerHttp {
@@ -69,13 +71,12 @@ impl KvsteerHttp {
             context_id,
             shared,
             phase: Phase::Idle,
-            request_id: String::new(),
+            pick_id: String::new(),
             tracker: ReportTracker::default(),
             facts: ResponseFacts::default(),
             resumed_at: None,
             usage: UsageScanner::default(),
-            deferred: None,
-            deferred_first_token: None,
+            scanner: None,
         }
     }
 
@@ -87,10 +88,10 @@ impl KvsteerHttp {
 
     fn fail_open(&mut self, reason: FailOpenReason) {
         log::debug!(
-            "kvsteer-filter[{}]: fail open ({}), request id {:?}",
+            "kvsteer-filter[{}]: fail open ({}), pick id {:?}",
             self.context_id,
             reason.as_str(),
-            self.request_id
+            self.pick_id
         );
         self.phase = Phase::Idle;
         self.count(Counter::FailOpen(reason));
@@ -104,7 +105,40 @@ impl KvsteerHttp {
         }
     }
 
+    /// Milliseconds since the request was forwarded (0 before that).
+    fn elapsed_ms(&self) -> f64 {
+        calls::elapsed_ms(self.resumed_at)
+    }
+
+    /// Hands a report to the root context, which sends it.
+    fn queue(&self, report: Option<Report>) {
+        let (Some(report), Some(shared)) = (report, &self.shared) else {
+            return;
+        };
+        if !shared.config.report {
+            return;
+        }
+        let usage = self.usage.usage();
+        let request = report::report_request(&self.pick_id, &report, &self.facts, usage);
+        shared.queue_report(request);
+    }
+
     // === request ===
+
+    /// Reads the body's first bytes until they tell whether it is JSON.
+    fn sniff(&self, start: Option<BodyStart>, body_size: usize) -> Option<BodyStart> {
+        if start != Some(BodyStart::Blank) {
+            return start;
+        }
+        let len = body_size.min(admission::SNIFF_BYTES);
+        let prefix = calls::buffer(BufferType::HttpRequestBody, 0, len).unwrap_or_default();
+        match admission::body_start(&prefix) {
+            BodyStart::Object => None,
+            // That much leading whitespace: leave it to the parser.
+            BodyStart::Blank if prefix.len() >= admission::SNIFF_BYTES => None,
+            other => Some(other),
+        }
+    }
 
     /// The whole body is buffered: build the pick and send it.
     fn ask_indexer(&mut self, shared: &Shared, api: Api, body_len: usize) -> Action {
@@ -121,8 +155,13 @@ impl KvsteerHttp {
                 return Action::Continue;
             }
         };
-        self.request_id = header(REQUEST, "x-request-id").unwrap_or_default();
-        request.request_id.clone_from(&self.request_id);
+        let Some(pick_id) = shared.next_pick_id() else {
+            self.fail_open(FailOpenReason::HostError);
+            return Action::Continue;
+        };
+        self.pick_id = pick_id;
+        request.request_id.clone_from(&self.pick_id);
+        request.client_request_id = header(REQUEST, "x-request-id").unwrap_or_default();
         request.tenant = header(REQUEST, &shared.config.tenant_header).unwrap_or_default();
         let timeout = Duration::from_millis(shared.config.timeout_ms);
         let message = request.encode_to_vec();
@@ -139,6 +178,7 @@ impl KvsteerHttp {
                         .metrics
                         .record(Histogram::PrepareUs, metrics::micros(from, to));
                 }
+                self.tracker.pick_sent();
                 self.phase = Phase::AwaitingPick {
                     token,
                     body_len,
@@ -177,31 +217,33 @@ impl KvsteerHttp {
                 "kvsteer-filter: pick failed: gRPC status {status} after {elapsed_ms:.1} ms"
             );
             self.fail_open(reason);
-            if reason == FailOpenReason::Timeout {
-                // The indexer may have counted the pick it answered too late.
-                self.send_report(shared, ReportKind::Cancelled, None, 0.0);
-            }
+            // The indexer may have counted a pick it answered too late or
+            // whose answer was lost.
+            let report = self.tracker.pick_answered(PickEnd::Abandoned);
+            self.queue(report);
             return self.resume();
         }
         let answer = calls::buffer(BufferType::GrpcReceiveBuffer, 0, size).unwrap_or_default();
-        match pick::decide(&answer) {
+        let end = match pick::decide(&answer) {
             PickOutcome::Reject { status, body } => {
                 let headers = vec![("content-type", "application/json")];
                 match hostcalls::send_http_response(status, headers, Some(&body)) {
                     Ok(()) => {
                         self.phase = Phase::Idle;
                         self.count(Counter::Rejected);
+                        self.tracker.pick_answered(PickEnd::Unchosen);
+                        return;
                     }
                     Err(status) => {
                         log::warn!("kvsteer-filter: local reply failed: {status:?}");
                         self.fail_open(FailOpenReason::HostError);
-                        self.resume();
+                        PickEnd::Unchosen
                     }
                 }
             }
             PickOutcome::FailOpen(reason) => {
                 self.fail_open(reason);
-                self.resume();
+                PickEnd::Abandoned
             }
             PickOutcome::Forward {
                 destination,
@@ -219,16 +261,22 @@ impl KvsteerHttp {
                         ) =>
                     {
                         self.count(Counter::Steered);
-                        if shared.config.report && !self.request_id.is_empty() {
-                            self.tracker.picked();
-                        }
+                        PickEnd::Steered
                     }
-                    Some(_) => self.fail_open(FailOpenReason::HostError),
-                    None => self.fail_open(FailOpenReason::NoEndpoints),
+                    Some(_) => {
+                        self.fail_open(FailOpenReason::HostError);
+                        PickEnd::Abandoned
+                    }
+                    None => {
+                        self.fail_open(FailOpenReason::NoEndpoints);
+                        PickEnd::Unchosen
+                    }
                 }
-                self.resume();
             }
-        }
+        };
+        let report = self.tracker.pick_answered(end);
+        self.queue(report);
+        self.resume();
     }
 
     fn replace_body(&mut self, old_len: usize, body: &[u8]) {
@@ -244,49 +292,66 @@ impl KvsteerHttp {
 
     // === response ===
 
-    /// A dispatch here would sit on the response path (the host call runs
-    /// before Envoy forwards the last chunk), so the report waits for `on_log`.
-    fn report_end(&mut self) {
-        if let Some(kind) = self.tracker.on_end() {
-            self.deferred = Some((kind, self.usage.usage()));
-        }
-    }
-
-    /// Sends the first-token report held back by `on_http_response_body`.
-    fn flush_first_token(&mut self, shared: &Shared) {
-        if let Some(elapsed_ms) = self.deferred_first_token.take() {
-            self.send_report(shared, ReportKind::FirstToken, None, elapsed_ms);
-        }
-    }
-
-    /// Fire and forget: the answer only counts failures. `elapsed_ms` is the
-    /// time from resuming the request to the event reported.
-    fn send_report(
-        &self,
-        shared: &Shared,
-        kind: ReportKind,
-        usage: Option<Usage>,
-        elapsed_ms: f64,
-    ) {
-        if !shared.config.report || self.request_id.is_empty() {
-            return;
-        }
-        let request =
-            report::report_request(&self.request_id, kind, &self.facts, elapsed_ms, usage);
-        let timeout = Duration::from_millis(shared.config.timeout_ms);
-        let message = request.encode_to_vec();
-        match calls::grpc_call(
-            &shared.config.indexer_cluster,
-            paths::REPORT,
-            &message,
-            timeout,
-        ) {
-            Ok(_) => self.count(Counter::ReportSent),
-            Err(status) => {
-                log::debug!("kvsteer-filter: report not sent: {status:?}");
-                self.count(Counter::ReportFailed);
+    /// Feeds a body chunk of `body_size` bytes to the usage tail and, for a
+    /// stream, the first-output scanner; returns whether output was seen.
+    fn read_chunk(&mut self, body_size: usize) -> bool {
+        let scanning = self
+            .scanner
+            .as_ref()
+            .is_some_and(|s| s.state() == Scan::Scanning);
+        if !scanning {
+            let wanted = self.usage.wanted(body_size);
+            if let Some(tail) =
+                calls::buffer(BufferType::HttpResponseBody, body_size - wanted, wanted)
+            {
+                self.usage.push(&tail);
             }
+            return false;
         }
+        let len = body_size.min(SCAN_CHUNK_BYTES);
+        let Some(bytes) = calls::buffer(BufferType::HttpResponseBody, 0, len) else {
+            if let Some(scanner) = &mut self.scanner {
+                scanner.give_up();
+            }
+            return false;
+        };
+        let Some(scanner) = &mut self.scanner else {
+            return false;
+        };
+        let found = scanner.push(&bytes) == Scan::Output;
+        if !found && bytes.len() < body_size {
+            scanner.give_up();
+        }
+        let wanted = self.usage.wanted(body_size);
+        if bytes.len() == body_size {
+            self.usage.push(&bytes[body_size - wanted..]);
+        } else if let Some(tail) =
+            calls::buffer(BufferType::HttpResponseBody, body_size - wanted, wanted)
+        {
+            self.usage.push(&tail);
+        }
+        found
+    }
+
+    /// The response ended: DONE (with the first token when it was not
+    /// reported on its own).
+    fn end(&mut self) {
+        let report = self.tracker.end(self.elapsed_ms());
+        self.queue(report);
+    }
+
+    /// The stream is going away; a request that still owes a terminal
+    /// report (pick outstanding, response unfinished) is cancelled.
+    fn close(&mut self) {
+        let report = self.tracker.close(self.elapsed_ms());
+        if report.is_some() {
+            log::debug!(
+                "kvsteer-filter[{}]: stream closed early, cancelling pick {}",
+                self.context_id,
+                self.pick_id
+            );
+        }
+        self.queue(report);
     }
 }
 
@@ -295,25 +360,29 @@ impl Context for KvsteerHttp {
         let Some(shared) = self.shared.clone() else {
             return;
         };
-        match self.phase {
-            Phase::AwaitingPick {
-                token,
+        // Only picks are dispatched from here (reports go out from the root).
+        if let Phase::AwaitingPick {
+            token,
+            body_len,
+            sent_at,
+        } = self.phase
+            && token == token_id
+        {
+            let answer = PickAnswer {
+                status: status_code,
+                size: response_size,
                 body_len,
                 sent_at,
-            } if token == token_id => {
-                let answer = PickAnswer {
-                    status: status_code,
-                    size: response_size,
-                    body_len,
-                    sent_at,
-                };
-                self.on_pick_answer(&shared, answer);
-            }
-            // A report's answer (reports are dispatched on the root context, so
-            // this only arrives while the stream is still alive).
-            _ if status_code != GrpcStatusCode::Ok as u32 => self.count(Counter::ReportFailed),
-            _ => {}
+            };
+            self.on_pick_answer(&shared, answer);
         }
+    }
+
+    /// Envoy destroys the filter (after `on_log`, or without it on some
+    /// paths): a last chance to cancel.
+    fn on_done(&mut self) -> bool {
+        self.close();
+        true
     }
 }
 
@@ -327,12 +396,10 @@ impl HttpContext for KvsteerHttp {
         }
         let method = header(REQUEST, ":method");
         let path = header(REQUEST, ":path");
-        let content_type = header(REQUEST, "content-type");
         let content_length = header(REQUEST, "content-length");
         let head = RequestHead {
             method: method.as_deref(),
             path: path.as_deref(),
-            content_type: content_type.as_deref(),
             content_length: content_length.as_deref(),
             end_of_stream,
         };
@@ -343,28 +410,38 @@ impl HttpContext for KvsteerHttp {
                 Action::Continue
             }
             HeadersVerdict::Buffer(api) => {
-                self.phase = Phase::Buffering(api);
+                self.phase = Phase::Buffering {
+                    api,
+                    start: Some(BodyStart::Blank),
+                };
                 Action::Pause
             }
         }
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let (Phase::Buffering(api), Some(shared)) = (self.phase, self.shared.clone()) else {
+        let (Phase::Buffering { api, start }, Some(shared)) = (self.phase, self.shared.clone())
+        else {
             return Action::Continue;
         };
-        match admission::on_body(&shared.config, body_size, end_of_stream) {
+        let start = self.sniff(start, body_size);
+        self.phase = Phase::Buffering { api, start };
+        match admission::on_body(&shared.config, body_size, end_of_stream, start) {
             BodyVerdict::Wait => Action::Pause,
             BodyVerdict::Complete => self.ask_indexer(&shared, api, body_size),
             BodyVerdict::TooLarge => {
                 self.fail_open(FailOpenReason::BodyTooLarge);
                 Action::Continue
             }
+            BodyVerdict::NotJson => {
+                self.fail_open(FailOpenReason::NotJson);
+                Action::Continue
+            }
         }
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        if matches!(self.phase, Phase::Buffering(_)) {
+        if matches!(self.phase, Phase::Buffering { .. }) {
             self.fail_open(FailOpenReason::BadRequest);
         }
         Action::Continue
@@ -376,8 +453,13 @@ impl HttpContext for KvsteerHttp {
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0);
             self.facts.upstream = calls::property(vec!["upstream", "address"]).unwrap_or_default();
+            let streamed = header(RESPONSE, "content-type")
+                .is_some_and(|ct| first_output::is_event_stream(&ct));
+            if streamed {
+                self.scanner = Some(FirstOutputScanner::default());
+            }
             if end_of_stream {
-                self.report_end();
+                self.end();
             }
         }
         Action::Continue
@@ -387,47 +469,45 @@ impl HttpContext for KvsteerHttp {
         if !self.tracker.wants_response() {
             return Action::Continue;
         }
-        if let Some(shared) = self.shared.clone() {
-            // The first token's report is held back to the next callback
-            // (next chunk, trailers or `on_log`): dispatching a call here
-            // would delay this very chunk on its way to the client.
-            self.flush_first_token(&shared);
-            if self.tracker.on_body(body_size).is_some() {
-                self.deferred_first_token = Some(calls::elapsed_ms(self.resumed_at));
-            }
-        }
+        let at_ms = self.elapsed_ms();
         if body_size > 0 {
-            let wanted = self.usage.wanted(body_size);
-            if let Some(tail) =
-                calls::buffer(BufferType::HttpResponseBody, body_size - wanted, wanted)
-            {
-                self.usage.push(&tail);
+            self.tracker.response_bytes(at_ms);
+            let success = (200..300).contains(&self.facts.status);
+            let first = if self.scanner.is_some() {
+                // A stream: its first output event is the first token.
+                self.read_chunk(body_size).then_some(FirstOutput {
+                    at_ms,
+                    measured: success,
+                    alone: success,
+                })
+            } else {
+                // A whole body: its first bytes come with the end.
+                self.read_chunk(body_size);
+                Some(FirstOutput {
+                    at_ms,
+                    measured: false,
+                    alone: false,
+                })
+            };
+            if let Some(first) = first {
+                self.tracker.output(first);
             }
         }
         if end_of_stream {
-            self.report_end();
+            self.end();
+        } else {
+            let report = self.tracker.flush_first_token();
+            self.queue(report);
         }
         Action::Continue
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        if let Some(shared) = self.shared.clone() {
-            self.flush_first_token(&shared);
-        }
-        self.report_end();
+        self.end();
         Action::Continue
     }
 
     fn on_log(&mut self) {
-        let Some(shared) = self.shared.clone() else {
-            return;
-        };
-        self.flush_first_token(&shared);
-        let elapsed_ms = calls::elapsed_ms(self.resumed_at);
-        if let Some((kind, usage)) = self.deferred.take() {
-            self.send_report(&shared, kind, usage, elapsed_ms);
-        } else if let Some(kind) = self.tracker.on_close() {
-            self.send_report(&shared, kind, None, elapsed_ms);
-        }
+        self.close();
     }
 }

@@ -1,28 +1,128 @@
-//! The root context: parses the plugin configuration once and hands it, with
-//! the metric ids, to every HTTP context.
+//! The root context: parses the plugin configuration once, hands it, with
+//! the metric ids, the pick-id generator and the report outbox, to every
+//! HTTP context, and sends the queued reports.
+//!
+//! Reports go out from here, not from the HTTP context that decided them:
+//! the SDK delivers a call's answer to the context that dispatched it and
+//! drops it once that context is deleted, which is soon after `on_log`. Sent
+//! from the root (on a tick armed when the first report is queued), every
+//! answer arrives and failures are counted (`report_failed`).
 
+use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::{Duration, UNIX_EPOCH};
 
+use kvsteer_proto::paths;
+use kvsteer_proto::v1::ReportRequest;
+use prost::Message;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{BufferType, ContextType};
+use proxy_wasm::types::{BufferType, ContextType, GrpcStatusCode};
 
 use crate::config::FilterConfig;
-use crate::host::calls::Metrics;
+use crate::host::calls::{self, Metrics};
 use crate::host::http::KvsteerHttp;
+use crate::metrics::Counter;
+use crate::outbox::{Outbox, Queued};
+use crate::pick_id::PickIds;
+
+/// How soon queued reports go out.
+const REPORT_TICK: Duration = Duration::from_millis(1);
 
 /// What every HTTP context of one plugin configuration shares.
 pub(crate) struct Shared {
     pub(crate) config: FilterConfig,
     pub(crate) metrics: Metrics,
+    pick_ids: RefCell<PickIds>,
+    outbox: RefCell<Outbox>,
 }
 
-#[derive(Default)]
+// === impl Shared ===
+
+impl Shared {
+    /// A fresh pick id; `None` only if the generator is in use (it never is:
+    /// proxy-wasm callbacks do not nest).
+    pub(crate) fn next_pick_id(&self) -> Option<String> {
+        self.pick_ids
+            .try_borrow_mut()
+            .map(|mut ids| ids.next_id())
+            .ok()
+    }
+
+    /// Queues a report for the root context to send.
+    pub(crate) fn queue_report(&self, report: ReportRequest) {
+        let Ok(mut outbox) = self.outbox.try_borrow_mut() else {
+            log::warn!("kvsteer-filter: report outbox busy; report dropped");
+            self.metrics.inc(Counter::ReportFailed);
+            return;
+        };
+        match outbox.push(report) {
+            Queued::First => {
+                drop(outbox);
+                if let Err(status) = hostcalls::set_tick_period(REPORT_TICK) {
+                    // Without a tick, send now: the answer is lost but the report is not.
+                    log::warn!("kvsteer-filter: cannot arm the report tick: {status:?}");
+                    self.send_queued();
+                }
+            }
+            Queued::Behind | Queued::Merged => {}
+            Queued::Full => {
+                log::warn!("kvsteer-filter: report outbox full; report dropped");
+                self.metrics.inc(Counter::ReportFailed);
+            }
+        }
+    }
+
+    /// Dispatches every queued report from the running context.
+    fn send_queued(&self) {
+        let reports: Vec<ReportRequest> = match self.outbox.try_borrow_mut() {
+            Ok(mut outbox) => outbox.drain().collect(),
+            Err(_) => return,
+        };
+        let timeout = Duration::from_millis(self.config.timeout_ms);
+        for report in reports {
+            let message = report.encode_to_vec();
+            match calls::grpc_call(
+                &self.config.indexer_cluster,
+                paths::REPORT,
+                &message,
+                timeout,
+            ) {
+                Ok(_) => self.metrics.inc(Counter::ReportSent),
+                Err(status) => {
+                    log::debug!("kvsteer-filter: report not sent: {status:?}");
+                    self.metrics.inc(Counter::ReportFailed);
+                }
+            }
+        }
+    }
+}
+
 pub(crate) struct KvsteerRoot {
+    context_id: u32,
     shared: Option<Rc<Shared>>,
 }
 
-impl Context for KvsteerRoot {}
+impl KvsteerRoot {
+    pub(crate) fn new(context_id: u32) -> Self {
+        Self {
+            context_id,
+            shared: None,
+        }
+    }
+}
+
+impl Context for KvsteerRoot {
+    /// Answers to the reports sent from `on_tick`.
+    fn on_grpc_call_response(&mut self, _token_id: u32, status_code: u32, _response_size: usize) {
+        if status_code != GrpcStatusCode::Ok as u32
+            && let Some(shared) = &self.shared
+        {
+            log::debug!("kvsteer-filter: report failed: gRPC status {status_code}");
+            shared.metrics.inc(Counter::ReportFailed);
+        }
+    }
+}
 
 impl RootContext for KvsteerRoot {
     fn on_configure(&mut self, plugin_configuration_size: usize) -> bool {
@@ -49,9 +149,15 @@ impl RootContext for KvsteerRoot {
                     config.timeout_ms,
                     config.paths
                 );
+                let now_ns = calls::now()
+                    .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                    .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+                let salt = [now_ns, u64::from(self.context_id)];
                 self.shared = Some(Rc::new(Shared {
                     config,
                     metrics: Metrics::define(),
+                    pick_ids: RefCell::new(PickIds::random(&salt)),
+                    outbox: RefCell::new(Outbox::default()),
                 }));
                 true
             }
@@ -59,6 +165,15 @@ impl RootContext for KvsteerRoot {
                 log::error!("kvsteer-filter: rejecting configuration: {error}");
                 false
             }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        if let Err(status) = hostcalls::set_tick_period(Duration::ZERO) {
+            log::debug!("kvsteer-filter: cannot stop the report tick: {status:?}");
+        }
+        if let Some(shared) = &self.shared {
+            shared.send_queued();
         }
     }
 
