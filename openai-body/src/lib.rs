@@ -43,7 +43,9 @@ pub struct Request {
     /// serves, when it serves one).
     pub model: String,
     pub stream: bool,
-    /// `max_tokens`, else `max_completion_tokens`.
+    /// Chat: `max_completion_tokens`, else `max_tokens` (vLLM's
+    /// `max_completion_tokens or max_tokens`: 0 counts as unset);
+    /// completions: `max_tokens`.
     pub max_tokens: Option<u32>,
     pub add_special_tokens: Option<bool>,
     pub cache_salt: Option<String>,
@@ -75,18 +77,22 @@ pub fn from_value(api: Api, body: Value) -> Result<Request, BodyError> {
     Ok(Request {
         model: field::string(&mut obj, "model", field::At::Top)?.unwrap_or_default(),
         stream: field::boolean(&obj, "stream")?.unwrap_or(false),
-        max_tokens: max_tokens(&obj)?,
+        max_tokens: max_tokens(api, &obj)?,
         add_special_tokens: field::boolean(&obj, "add_special_tokens")?,
         cache_salt: field::string(&mut obj, "cache_salt", field::At::Top)?,
         input,
     })
 }
 
-fn max_tokens(obj: &field::Object) -> Result<Option<u32>, BodyError> {
-    match field::count(obj, "max_tokens")? {
-        Some(n) => Ok(Some(n)),
-        None => field::count(obj, "max_completion_tokens"),
+fn max_tokens(api: Api, obj: &field::Object) -> Result<Option<u32>, BodyError> {
+    let max_tokens = field::count(obj, "max_tokens")?;
+    if api == Api::Chat
+        && let Some(n) = field::count(obj, "max_completion_tokens")?
+        && n > 0
+    {
+        return Ok(Some(n));
     }
+    Ok(max_tokens)
 }
 
 #[cfg(test)]

@@ -75,10 +75,19 @@ fn absent_and_null_fields_stay_unset() {
     assert_eq!(chat, Chat::default());
 }
 
+/// vLLM: `max_completion_tokens or max_tokens` for chat; completions have
+/// only `max_tokens`.
 #[test]
-fn max_tokens_wins_over_max_completion_tokens() {
-    let (req, _) = chat(json!({"messages": [], "max_tokens": 5, "max_completion_tokens": 9}));
-    assert_eq!(req.max_tokens, Some(5));
+fn max_completion_tokens_wins_for_chat_as_in_vllm() {
+    let max = |api, body: Value| from_value(api, body).unwrap().max_tokens;
+    let both = json!({"messages": [], "prompt": "p", "max_tokens": 5, "max_completion_tokens": 9});
+    assert_eq!(max(Api::Chat, both.clone()), Some(9));
+    assert_eq!(max(Api::Completions, both), Some(5));
+    let zero = json!({"messages": [], "max_tokens": 5, "max_completion_tokens": 0});
+    assert_eq!(max(Api::Chat, zero), Some(5));
+    let only = json!({"messages": [], "prompt": "p", "max_completion_tokens": 9});
+    assert_eq!(max(Api::Chat, only.clone()), Some(9));
+    assert_eq!(max(Api::Completions, only), None);
 }
 
 #[test]

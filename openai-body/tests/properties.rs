@@ -216,7 +216,8 @@ fn to_body(req: &Request) -> Value {
     }
     body.insert("stream".into(), req.stream.into());
     if let Some(n) = req.max_tokens {
-        let key = if n.is_multiple_of(2) {
+        let chat = matches!(req.input, Input::Chat(_));
+        let key = if n.is_multiple_of(2) || !chat {
             "max_tokens"
         } else {
             "max_completion_tokens"

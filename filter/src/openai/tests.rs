@@ -64,10 +64,11 @@ fn absent_optional_fields_stay_unset() {
     assert!(pick.messages.is_empty());
 }
 
+/// vLLM reads `max_completion_tokens or max_tokens` for chat.
 #[test]
-fn max_tokens_wins_over_max_completion_tokens() {
+fn max_completion_tokens_wins_for_chat() {
     let pick = chat(r#"{"messages": [], "max_tokens": 5, "max_completion_tokens": 9}"#);
-    assert_eq!(pick.max_tokens, Some(5));
+    assert_eq!(pick.max_tokens, Some(9));
 }
 
 #[test]
