@@ -178,14 +178,8 @@ async fn killed_worker_goes_down_and_is_purged(backend: Backend) {
     .await;
     let w = s.admin.worker("w2").await;
     assert_eq!(w["stream"]["state"], "down", "{w}");
-    assert_eq!(
-        stream_state_metric(&s.admin, "w2", "down").await,
-        Some(1.0)
-    );
-    assert_eq!(
-        stream_state_metric(&s.admin, "w2", "live").await,
-        Some(0.0)
-    );
+    assert_eq!(stream_state_metric(&s.admin, "w2", "down").await, Some(1.0));
+    assert_eq!(stream_state_metric(&s.admin, "w2", "live").await, Some(0.0));
     let sc = score(&s.admin, &body).await;
     assert_eq!(sc["chosen"], "w1", "{sc}");
 

@@ -96,10 +96,7 @@ pub enum StreamItem {
         replayed: bool,
     },
     /// A payload that could not be decoded at all; the stream continues.
-    Malformed {
-        seq: u64,
-        error: DecodeError,
-    },
+    Malformed { seq: u64, error: DecodeError },
     /// Connected to the engine and caught up with it (the resume replay,
     /// which reports a restart as `Reset` first, is done or failed): live
     /// batches follow.
@@ -110,25 +107,14 @@ pub enum StreamItem {
     /// The engine stayed unreachable for `down_grace` after a disconnect:
     /// its cache is gone with it, drop everything of this engine. Whatever
     /// reconnects later is replayed from its oldest buffered batch.
-    EngineGone {
-        down_for: Duration,
-    },
+    EngineGone { down_for: Duration },
     /// Live seq `got` arrived while `expected` was next; a replay follows.
-    Gap {
-        expected: u64,
-        got: u64,
-    },
+    Gap { expected: u64, got: u64 },
     /// The engine restarted (seq went back): drop everything of this engine.
     /// Batches from seq 0 of the new incarnation follow.
-    Reset {
-        last_seq: u64,
-        got: u64,
-    },
+    Reset { last_seq: u64, got: u64 },
     /// Batches from `from` on could not be replayed; they are lost.
-    ReplayFailed {
-        from: u64,
-        error: String,
-    },
+    ReplayFailed { from: u64, error: String },
 }
 
 /// Spawns the subscriber task. It runs until `shutdown` turns `true` (or its
