@@ -200,7 +200,6 @@ impl Gate {
 /// `kv_events` endpoint (under [`Gates::Leases`], only while the lease is
 /// held). `down_after` is `scrape.down_after`. Tasks end when `shutdown`
 /// turns true.
-#[allow(clippy::too_many_arguments)]
 pub fn spawn_all(
     workers: &Arc<Workers>,
     index: &Index,

@@ -651,3 +651,50 @@ async fn bind_mode_receives_from_a_connecting_publisher() {
     stop.send(true).expect("shutdown");
     timeout(WAIT, task).await.expect("stops").expect("no panic");
 }
+
+/// Bind mode keeps its socket: a publisher leaving is `Disconnected`, given
+/// up after the grace, and one connecting again is `Connected`.
+#[tokio::test]
+async fn bind_mode_reports_a_publisher_leaving_and_coming_back() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let cfg = SubscriberConfig {
+        endpoint: endpoint.clone(),
+        bind: true,
+        idle_reconnect: None,
+        down_grace: Some(Duration::from_millis(200)),
+        ..SubscriberConfig::default()
+    };
+    let (tx, mut rx) = mpsc::channel(16);
+    let (stop, stop_rx) = watch::channel(false);
+    let task = spawn_subscriber(cfg, tx, stop_rx);
+    async fn next(rx: &mut mpsc::Receiver<StreamItem>) -> StreamItem {
+        timeout(WAIT, rx.recv())
+            .await
+            .expect("in time")
+            .expect("subscriber alive")
+    }
+    assert_eq!(next(&mut rx).await, StreamItem::Connected);
+
+    let mut first = zeromq::PubSocket::new();
+    timeout(WAIT, first.connect(&endpoint))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    let _ = first.close().await;
+    assert_eq!(next(&mut rx).await, StreamItem::Disconnected);
+    assert!(matches!(next(&mut rx).await, StreamItem::EngineGone { .. }));
+
+    let mut second = zeromq::PubSocket::new();
+    timeout(WAIT, second.connect(&endpoint))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    assert_eq!(next(&mut rx).await, StreamItem::Connected);
+    let _ = second.close().await;
+    stop.send(true).expect("shutdown");
+    timeout(WAIT, task).await.expect("stops").expect("no panic");
+}
