@@ -130,7 +130,7 @@ async fn workers(State(s): State<AdminState>) -> Json<Value> {
                 "in_flight": l.in_flight,
                 "unprefilled_tokens": l.unprefilled_tokens,
                 "decoding": l.decoding,
-                "up": w.cfg.metrics.is_none() || w.health.is_up(down_after),
+                "up": w.is_up(down_after),
                 "scraped": h.load.map(|x| json!({
                     "waiting": x.waiting, "running": x.running, "kv_usage": x.kv_usage,
                 })),

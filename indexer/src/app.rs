@@ -213,6 +213,7 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
             &workers,
             &index,
             &cfg.streams,
+            cfg.scrape.down_after,
             &metrics,
             &shutdown_rx,
             &gates,
@@ -431,7 +432,7 @@ async fn housekeeping(picker: Arc<Picker>, cfg: Config, mut shutdown: watch::Rec
         let loads = picker.load.snapshot();
         for w in workers.iter() {
             let labels = Metrics::worker(&w.cfg.name);
-            let up = w.cfg.metrics.is_none() || w.health.is_up(cfg.scrape.down_after);
+            let up = w.is_up(cfg.scrape.down_after);
             picker
                 .metrics
                 .worker_up

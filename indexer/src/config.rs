@@ -58,6 +58,8 @@ pub const DEFAULT_MAX_LARGE_TOKENIZATIONS: usize = 2;
 pub const DEFAULT_GRPC_MAX_MESSAGE_BYTES: usize = 9 << 20;
 /// The filter's default `max_body_bytes`, to explain the gRPC limit.
 pub const FILTER_DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
+pub const DEFAULT_RECONNECT_MAX_MS: u64 = 1_000;
+pub const DEFAULT_DOWN_GRACE_MS: u64 = 2_000;
 
 // === types ===
 
@@ -231,6 +233,12 @@ pub struct StreamsConfig {
     pub max_replay_retries: u32,
     pub backoff_initial_ms: u64,
     pub backoff_max_ms: u64,
+    /// Cap of the delay between reconnect attempts to a worker's PUB after
+    /// its connection was lost (zeromq's own reconnect backs off to 30 s).
+    pub reconnect_max_ms: u64,
+    /// A worker whose stream lost its engine (or whose scrape is down) this
+    /// long is given up: its blocks are purged.
+    pub down_grace_ms: u64,
     /// Reconnect when a live stream is silent this long (s); off when absent.
     pub idle_reconnect_s: Option<u64>,
 }
@@ -390,6 +398,8 @@ impl Default for StreamsConfig {
             max_replay_retries: DEFAULT_MAX_REPLAY_RETRIES,
             backoff_initial_ms: DEFAULT_BACKOFF_INITIAL_MS,
             backoff_max_ms: DEFAULT_BACKOFF_MAX_MS,
+            reconnect_max_ms: DEFAULT_RECONNECT_MAX_MS,
+            down_grace_ms: DEFAULT_DOWN_GRACE_MS,
             idle_reconnect_s: None,
         }
     }
@@ -519,6 +529,12 @@ impl Config {
             return Err(invalid(
                 "streams.backoff_max_ms",
                 "need 0 < backoff_initial_ms <= backoff_max_ms",
+            ));
+        }
+        if self.streams.reconnect_max_ms < self.streams.backoff_initial_ms {
+            return Err(invalid(
+                "streams.reconnect_max_ms",
+                "must be >= backoff_initial_ms",
             ));
         }
         Ok(())
@@ -894,6 +910,24 @@ workers:
         ));
         assert!(e.starts_with("workers[1].name: duplicate"), "{e}");
         assert!(err("models: []\n").starts_with("models: required"));
+    }
+
+    #[test]
+    fn stream_liveness_keys() {
+        let cfg = Config::from_yaml(MINIMAL).unwrap();
+        assert_eq!(cfg.streams.reconnect_max_ms, DEFAULT_RECONNECT_MAX_MS);
+        assert!(cfg.streams.reconnect_max_ms <= 1_000);
+        assert_eq!(cfg.streams.down_grace_ms, DEFAULT_DOWN_GRACE_MS);
+        let cfg = Config::from_yaml(&format!(
+            "{MINIMAL}streams:\n  reconnect_max_ms: 250\n  down_grace_ms: 0\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            (cfg.streams.reconnect_max_ms, cfg.streams.down_grace_ms),
+            (250, 0)
+        );
+        let e = err(&format!("{MINIMAL}streams:\n  reconnect_max_ms: 50\n"));
+        assert!(e.starts_with("streams.reconnect_max_ms"), "{e}");
     }
 
     #[test]

@@ -77,6 +77,8 @@ pub struct Metrics {
     /// Worker entries purged and its events replayed after failed writes.
     pub index_resyncs: Family<WorkerLabels, Counter>,
     pub stream_state: Family<StreamLabels, Gauge>,
+    /// Workers given up (unreachable beyond `streams.down_grace_ms`).
+    pub engines_lost: Family<WorkerLabels, Counter>,
     pub worker_up: Family<WorkerLabels, Gauge>,
     pub prefill_rate: Family<WorkerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
@@ -134,6 +136,7 @@ impl Metrics {
             index_write_errors: Family::default(),
             index_resyncs: Family::default(),
             stream_state: Family::default(),
+            engines_lost: Family::default(),
             worker_up: Family::default(),
             prefill_rate: Family::default(),
         };
@@ -259,6 +262,11 @@ impl Metrics {
             "stream_state",
             "1 for the current state of each worker's event stream",
             m.stream_state.clone(),
+        );
+        r.register(
+            "stream_engines_lost",
+            "Workers given up after streams.down_grace_ms unreachable (their blocks purged)",
+            m.engines_lost.clone(),
         );
         r.register(
             "worker_up",

@@ -463,7 +463,7 @@ impl Picker {
                     .expect("model workers come from the registry");
                 let found = matches.remove(&w.id);
                 let view = worker_view(
-                    w.cfg.metrics.is_none() || w.health.is_up(self.down_after),
+                    w.is_up(self.down_after),
                     found.as_ref(),
                     model.block_size,
                     &loads.get(i).copied().unwrap_or_default(),

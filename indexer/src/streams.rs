@@ -7,6 +7,16 @@
 //! stops the subscriber, purges the worker from the index and starts a new
 //! subscriber, which replays everything the publisher still buffers.
 //!
+//! Liveness: the subscriber reports a lost engine connection at once
+//! (`Disconnected`: the stream shows `down` and the worker is no candidate
+//! while its blocks are still indexed) and gives the engine up after
+//! `down_grace_ms` (`EngineGone`: its blocks are purged). A worker whose
+//! `/metrics` fails `scrape.down_after` times in a row also shows `down`
+//! (a stopped or unreachable host keeps its TCP connection open), is purged
+//! after the same grace and resubscribed; when its scrape answers again the
+//! subscriber probes the replay endpoint, which tells a restarted engine
+//! (seq from 0) from the same one.
+//!
 //! Write leases (Redis, `writer: auto`): a worker's task runs its
 //! subscriber only while this replica holds the worker's lease
 //! ([`Gates::Leases`]). Each acquisition (a new epoch) purges the worker
@@ -20,7 +30,7 @@ use crate::{
     metrics::{Metrics, StreamLabels},
     workers::{Worker, Workers},
 };
-use kvsteer_kv_events::zmq::{StreamItem, SubscriberConfig, spawn_subscriber};
+use kvsteer_kv_events::zmq::{StreamItem, SubscriberConfig, spawn_probed_subscriber};
 use std::{
     sync::{
         Arc,
@@ -35,6 +45,10 @@ use tokio::{
 
 /// How long a stopping subscriber and apply loop may take to finish.
 const STOP_WITHIN: Duration = Duration::from_secs(5);
+
+/// How often a worker's scrape health is looked at (the scrape loop
+/// records it every `scrape.interval_ms`).
+const HEALTH_EVERY: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamState {
@@ -79,6 +93,13 @@ pub struct StreamStatus {
     /// The index backend failed to apply some of this worker's events.
     resync_needed: AtomicBool,
     resync: Notify,
+    /// The engine's connection is lost and its blocks are still indexed:
+    /// they may be gone with the engine, so the worker is no candidate.
+    suspect: AtomicBool,
+    /// The worker's `/metrics` failed `scrape.down_after` times in a row.
+    scrape_down: AtomicBool,
+    /// Asks the subscriber to replay from its resume point.
+    probe: Arc<Notify>,
 }
 
 // === impl StreamState ===
@@ -112,12 +133,30 @@ impl StreamState {
 // === impl StreamStatus ===
 
 impl StreamStatus {
+    /// The stream's state; `down` whenever the worker's scrape says it is
+    /// down, whatever its socket says (a dead host's TCP connection may
+    /// look open).
     pub fn state(&self) -> StreamState {
-        StreamState::ALL[usize::from(self.state.load(Relaxed)).min(StreamState::ALL.len() - 1)]
+        let s = self.transport();
+        match s {
+            StreamState::Disabled | StreamState::Standby => s,
+            _ if self.scrape_down.load(Relaxed) => StreamState::Down,
+            _ => s,
+        }
+    }
+
+    /// The engine's connection was lost and its blocks are still indexed.
+    pub fn suspect(&self) -> bool {
+        self.suspect.load(Relaxed)
     }
 
     fn set_state(&self, s: StreamState) {
         self.state.store(s as u8, Relaxed);
+    }
+
+    /// The state of the event stream itself, without the scrape's verdict.
+    fn transport(&self) -> StreamState {
+        StreamState::ALL[usize::from(self.state.load(Relaxed)).min(StreamState::ALL.len() - 1)]
     }
 
     pub fn last_seq(&self) -> Option<u64> {
@@ -159,11 +198,13 @@ impl Gate {
 
 /// Starts the subscriber and the apply task of every worker with a
 /// `kv_events` endpoint (under [`Gates::Leases`], only while the lease is
-/// held). Tasks end when `shutdown` turns true.
+/// held). `down_after` is `scrape.down_after`. Tasks end when `shutdown`
+/// turns true.
 pub fn spawn_all(
     workers: &Arc<Workers>,
     index: &Index,
     cfg: &StreamsConfig,
+    down_after: u32,
     metrics: &Arc<Metrics>,
     shutdown: &watch::Receiver<bool>,
     gates: &Gates,
@@ -171,12 +212,10 @@ pub fn spawn_all(
     let mut tasks = Vec::new();
     for w in workers.iter() {
         let Some(endpoint) = w.cfg.kv_events.clone() else {
-            w.stream.set_state(StreamState::Disabled);
-            set_state_metric(metrics, w, StreamState::Disabled);
+            transition(metrics, w, StreamState::Disabled);
             continue;
         };
-        w.stream.set_state(StreamState::Connecting);
-        set_state_metric(metrics, w, StreamState::Connecting);
+        transition(metrics, w, StreamState::Connecting);
         let sub = SubscriberConfig {
             endpoint,
             replay_endpoint: w.cfg.replay.clone(),
@@ -185,7 +224,9 @@ pub fn spawn_all(
             max_replay_retries: cfg.max_replay_retries,
             backoff_initial: Duration::from_millis(cfg.backoff_initial_ms),
             backoff_max: Duration::from_millis(cfg.backoff_max_ms),
+            reconnect_max: Duration::from_millis(cfg.reconnect_max_ms),
             idle_reconnect: cfg.idle_reconnect_s.map(Duration::from_secs),
+            down_grace: Some(Duration::from_millis(cfg.down_grace_ms)),
         };
         let (board, lease) = match gates {
             Gates::Open => (None, None),
@@ -198,6 +239,7 @@ pub fn spawn_all(
             metrics.clone(),
             sub,
             cfg.channel_capacity,
+            down_after,
             shutdown.clone(),
             Gate {
                 board,
@@ -213,8 +255,7 @@ pub fn spawn_all(
 /// Marks every stream disabled (a replica that does not apply events).
 pub fn mark_disabled(workers: &Workers, metrics: &Metrics) {
     for w in workers.iter() {
-        w.stream.set_state(StreamState::Disabled);
-        set_state_metric(metrics, w, StreamState::Disabled);
+        transition(metrics, w, StreamState::Disabled);
     }
 }
 
@@ -226,6 +267,8 @@ enum Stop {
     Resync,
     /// The lease epoch changed (lost, or lost and taken again).
     Lease,
+    /// The worker's scrape was down for the grace: purge and resubscribe.
+    Gone,
 }
 
 /// One worker's subscriber and apply loop, restarted after a resync or a
@@ -240,6 +283,7 @@ async fn run_worker(
     metrics: Arc<Metrics>,
     sub: SubscriberConfig,
     capacity: usize,
+    down_after: u32,
     mut shutdown: watch::Receiver<bool>,
     gate: Gate,
     mut lease: Option<watch::Receiver<u64>>,
@@ -248,14 +292,14 @@ async fn run_worker(
         return;
     };
     let gate = Arc::new(gate);
+    let mut scrape = ScrapeWatch::new(sub.down_grace.unwrap_or(Duration::MAX), down_after);
     loop {
         let epoch = match &mut lease {
             None => 0,
             Some(rx) => {
                 let epoch = *rx.borrow_and_update();
                 if epoch == 0 {
-                    w.stream.set_state(StreamState::Standby);
-                    set_state_metric(&metrics, w, StreamState::Standby);
+                    transition(&metrics, w, StreamState::Standby);
                     tokio::select! {
                         biased;
                         _ = stopped(&mut shutdown) => return,
@@ -272,14 +316,15 @@ async fn run_worker(
                 // ingest map; purge, then replay.
                 w.stream.take_resync();
                 purge_for_replay(w, &index, &metrics, false).await;
-                w.stream.set_state(StreamState::Connecting);
-                set_state_metric(&metrics, w, StreamState::Connecting);
+                transition(&metrics, w, StreamState::Connecting);
                 epoch
             }
         };
         let (stop_tx, stop_rx) = watch::channel(false);
         let (tx, rx) = mpsc::channel(capacity);
-        let subscriber = spawn_subscriber(sub.clone(), tx, stop_rx);
+        let subscriber = spawn_probed_subscriber(sub.clone(), tx, stop_rx, w.stream.probe.clone());
+        let mut health = tokio::time::interval(HEALTH_EVERY);
+        health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let apply = apply_loop(
             workers.clone(),
             index_of,
@@ -304,6 +349,11 @@ async fn run_worker(
                     }
                 }
                 _ = &mut apply => break Stop::Ended,
+                _ = health.tick() => {
+                    if scrape.check(w, &metrics) {
+                        break Stop::Gone;
+                    }
+                }
             }
         };
         let _ = stop_tx.send(true);
@@ -331,10 +381,66 @@ async fn run_worker(
                 // Clear the flag first: a write failing from now on marks it again.
                 w.stream.take_resync();
                 purge_for_replay(w, &index, &metrics, true).await;
-                w.stream.set_state(StreamState::Connecting);
-                set_state_metric(&metrics, w, StreamState::Connecting);
+                transition(&metrics, w, StreamState::Connecting);
+            }
+            Stop::Gone => {
+                metrics
+                    .engines_lost
+                    .get_or_create(&Metrics::worker(&w.cfg.name))
+                    .inc();
+                purge_for_replay(w, &index, &metrics, false).await;
+                transition(&metrics, w, StreamState::Connecting);
             }
         }
+    }
+}
+
+/// Follows one worker's scrape health for the stream: `down` while the
+/// scrape is, a purge once it stayed down for the grace (once per outage),
+/// a probe of the replay endpoint when it answers again.
+struct ScrapeWatch {
+    grace: Duration,
+    down_after: u32,
+    down_since: Option<Instant>,
+    purged: bool,
+}
+
+// === impl ScrapeWatch ===
+
+impl ScrapeWatch {
+    fn new(grace: Duration, down_after: u32) -> Self {
+        Self {
+            grace,
+            down_after,
+            down_since: None,
+            purged: false,
+        }
+    }
+
+    /// Updates the worker's stream state; `true` when it must be purged.
+    fn check(&mut self, w: &Worker, metrics: &Metrics) -> bool {
+        let down = w.cfg.metrics.is_some() && !w.health.is_up(self.down_after);
+        if w.stream.scrape_down.swap(down, Relaxed) != down {
+            publish_state(metrics, w);
+            if down {
+                tracing::warn!(worker = %w.cfg.name, "worker scrape down; its stream is marked down");
+                self.down_since = Some(Instant::now());
+                self.purged = false;
+            } else {
+                tracing::info!(worker = %w.cfg.name, "worker scrape answers again; probing its event stream");
+                self.down_since = None;
+                w.stream.probe.notify_one();
+            }
+        }
+        let expired = self
+            .down_since
+            .is_some_and(|since| since.elapsed() >= self.grace);
+        if expired && !self.purged {
+            tracing::warn!(worker = %w.cfg.name, grace = ?self.grace, "worker down beyond the grace; purging its blocks");
+            self.purged = true;
+            return true;
+        }
+        false
     }
 }
 
@@ -357,6 +463,11 @@ async fn purge_for_replay(w: &Worker, index: &Index, metrics: &Metrics, resync: 
         Ok(()) => {
             tracing::info!(worker = %w.cfg.name, resync, "worker purged from the index, replaying its events");
             w.stream.next_seq.store(0, Relaxed);
+            w.stream.suspect.store(false, Relaxed);
+            metrics
+                .indexed_blocks
+                .get_or_create(&Metrics::worker(&w.cfg.name))
+                .set(index.worker_blocks(w.id) as i64);
             if resync {
                 metrics
                     .index_resyncs
@@ -391,8 +502,7 @@ async fn apply_loop(
     while let Some(item) = rx.recv().await {
         handle(w, &index, &metrics, &labels, item, &gate).await;
     }
-    w.stream.set_state(StreamState::Down);
-    set_state_metric(&metrics, w, StreamState::Down);
+    transition(&metrics, w, StreamState::Down);
 }
 
 async fn handle(
@@ -404,7 +514,10 @@ async fn handle(
     gate: &Gate,
 ) {
     let s = &w.stream;
-    let writes = matches!(item, StreamItem::Batch { .. } | StreamItem::Reset { .. });
+    let writes = matches!(
+        item,
+        StreamItem::Batch { .. } | StreamItem::Reset { .. } | StreamItem::EngineGone { .. }
+    );
     if writes && !gate.open() {
         // The lease lapsed (or is about to): never write without it. The
         // lease task stops this loop; the next holder replays.
@@ -421,9 +534,8 @@ async fn handle(
             if replayed {
                 s.replayed.fetch_add(1, Relaxed);
                 metrics.replays.get_or_create(labels).inc();
-            } else if s.state() != StreamState::Live {
-                s.set_state(StreamState::Live);
-                set_state_metric(metrics, w, StreamState::Live);
+            } else if s.transport() != StreamState::Live {
+                transition(metrics, w, StreamState::Live);
             }
             let received = batch.events.len() as u64 + skipped as u64;
             metrics
@@ -459,19 +571,34 @@ async fn handle(
         }
         StreamItem::Connected => {
             tracing::info!(worker = %w.cfg.name, "kv event stream connected");
-            s.set_state(StreamState::Live);
-            set_state_metric(metrics, w, StreamState::Live);
+            s.suspect.store(false, Relaxed);
+            transition(metrics, w, StreamState::Live);
         }
         StreamItem::Disconnected => {
             tracing::warn!(worker = %w.cfg.name, "kv event stream disconnected");
-            s.set_state(StreamState::Down);
-            set_state_metric(metrics, w, StreamState::Down);
+            s.suspect.store(true, Relaxed);
+            transition(metrics, w, StreamState::Down);
+        }
+        StreamItem::EngineGone { down_for } => {
+            tracing::warn!(worker = %w.cfg.name, ?down_for, "kv event engine unreachable beyond the grace; purging its blocks");
+            s.next_seq.store(0, Relaxed);
+            metrics.engines_lost.get_or_create(labels).inc();
+            match index.clear_worker(w.id).await {
+                Ok(()) => s.suspect.store(false, Relaxed),
+                Err(error) => {
+                    tracing::error!(worker = %w.cfg.name, %error, "cannot purge an unreachable worker");
+                    s.mark_resync();
+                }
+            }
+            metrics
+                .indexed_blocks
+                .get_or_create(labels)
+                .set(index.worker_blocks(w.id) as i64);
         }
         StreamItem::Gap { expected, got } => {
             tracing::info!(worker = %w.cfg.name, expected, got, "kv event gap, replaying");
             s.gaps.fetch_add(1, Relaxed);
-            s.set_state(StreamState::Replaying);
-            set_state_metric(metrics, w, StreamState::Replaying);
+            transition(metrics, w, StreamState::Replaying);
             metrics.gaps.get_or_create(labels).inc();
         }
         StreamItem::Reset { last_seq, got } => {
@@ -490,13 +617,21 @@ async fn handle(
         }
         StreamItem::ReplayFailed { from, error } => {
             tracing::warn!(worker = %w.cfg.name, from, %error, "kv event replay failed; batches lost");
-            s.set_state(StreamState::Live);
-            set_state_metric(metrics, w, StreamState::Live);
+            transition(metrics, w, StreamState::Live);
         }
     }
 }
 
-fn set_state_metric(metrics: &Metrics, w: &Worker, state: StreamState) {
+/// Sets the stream's own state and publishes the worker's effective one.
+fn transition(metrics: &Metrics, w: &Worker, state: StreamState) {
+    w.stream.set_state(state);
+    publish_state(metrics, w);
+}
+
+/// `kvsteer_stream_state{worker, state}`: 1 for the state `/debug/workers`
+/// shows, 0 for the others.
+fn publish_state(metrics: &Metrics, w: &Worker) {
+    let state = w.stream.state();
     for s in StreamState::ALL {
         metrics
             .stream_state
@@ -505,5 +640,83 @@ fn set_state_metric(metrics: &Metrics, w: &Worker, state: StreamState) {
                 state: s.as_str(),
             })
             .set(i64::from(s == state));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{config::WorkerConfig, scrape::ScrapeError};
+    use prometheus_client::registry::Registry;
+
+    fn worker(metrics: Option<&str>) -> (Workers, Metrics) {
+        let cfg = WorkerConfig {
+            name: "w1".into(),
+            endpoint: "127.0.0.1:8001".into(),
+            model: "m".into(),
+            kv_events: Some("tcp://127.0.0.1:5557".into()),
+            metrics: metrics.map(str::to_owned),
+            ..WorkerConfig::default()
+        };
+        (
+            Workers::new(&[cfg]),
+            Metrics::new(&mut Registry::default(), &[]),
+        )
+    }
+
+    #[test]
+    fn a_lost_engine_is_no_candidate_until_purged_or_back() {
+        let (workers, metrics) = worker(None);
+        let w = workers.get(0).unwrap();
+        transition(&metrics, w, StreamState::Live);
+        assert!(w.is_up(3));
+        // What the apply loop does on `Disconnected`.
+        w.stream.suspect.store(true, Relaxed);
+        transition(&metrics, w, StreamState::Down);
+        assert!(!w.is_up(3));
+        assert_eq!(w.stream.state(), StreamState::Down);
+        assert!(!workers.any_live());
+    }
+
+    #[test]
+    fn scrape_down_shows_down_purges_once_after_the_grace_and_probes_when_back() {
+        let (workers, metrics) = worker(Some("http://127.0.0.1:8001/metrics"));
+        let w = workers.get(0).unwrap();
+        transition(&metrics, w, StreamState::Live);
+        let mut watch = ScrapeWatch::new(Duration::ZERO, 2);
+        assert!(!watch.check(w, &metrics));
+        assert_eq!(w.stream.state(), StreamState::Live);
+
+        let now = Instant::now();
+        w.health.record(Err(ScrapeError::Timeout), now);
+        assert!(!watch.check(w, &metrics), "one failure is not down");
+        w.health.record(Err(ScrapeError::Timeout), now);
+        // Down: shown at once (the socket still says live), purged once.
+        assert!(watch.check(w, &metrics));
+        assert_eq!(w.stream.state(), StreamState::Down);
+        assert!(!w.is_up(2));
+        let shown = |state: StreamState| {
+            metrics
+                .stream_state
+                .get_or_create(&StreamLabels {
+                    worker: "w1".into(),
+                    state: state.as_str(),
+                })
+                .get()
+        };
+        assert_eq!((shown(StreamState::Down), shown(StreamState::Live)), (1, 0));
+        assert!(!watch.check(w, &metrics), "one purge per outage");
+
+        // Back: live again, and the subscriber is asked to probe.
+        w.health.record(Ok(Default::default()), now);
+        assert!(!watch.check(w, &metrics));
+        assert_eq!(w.stream.state(), StreamState::Live);
+        assert_eq!((shown(StreamState::Down), shown(StreamState::Live)), (0, 1));
+        let probed = w.stream.probe.notified();
+        tokio::pin!(probed);
+        assert!(
+            futures::FutureExt::now_or_never(probed).is_some(),
+            "probe requested"
+        );
     }
 }

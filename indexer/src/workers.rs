@@ -11,6 +11,18 @@ pub struct Worker {
     pub health: Health,
 }
 
+// === impl Worker ===
+
+impl Worker {
+    /// A candidate for picks: its `/metrics` answers (when scraped; the
+    /// last `down_after` scrapes did not all fail) and its event stream has
+    /// not lost the engine while the engine's blocks are still indexed
+    /// (they may be gone with it: phantom hits).
+    pub fn is_up(&self, down_after: u32) -> bool {
+        (self.cfg.metrics.is_none() || self.health.is_up(down_after)) && !self.stream.suspect()
+    }
+}
+
 pub struct Workers {
     list: Vec<Worker>,
 }

@@ -296,7 +296,7 @@ async fn sim_engines_conversation_and_restart() {
         })
         .collect();
     let cfg = Config::from_yaml(&format!(
-        "grpc_listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nmodels: [{{name: {MODEL}, tokenizer: '{tok}'}}]\nworkers:\n{workers}scrape: {{interval_ms: 100}}\nstreams: {{backoff_initial_ms: 20, backoff_max_ms: 200}}\n",
+        "grpc_listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nmodels: [{{name: {MODEL}, tokenizer: '{tok}'}}]\nworkers:\n{workers}scrape: {{interval_ms: 100}}\nstreams: {{backoff_initial_ms: 20, backoff_max_ms: 200, down_grace_ms: 600000}}\n",
         tok = shared().join("tokenizers/qwen3").display(),
     ))
     .unwrap();
@@ -338,7 +338,8 @@ async fn sim_engines_conversation_and_restart() {
     assert_eq!(w1["matched_tokens"], json!(0), "{score}");
 
     // w2's engine restarts on the same ports: its seq starts over and the
-    // indexer drops everything it had announced.
+    // indexer drops everything it had announced. (The grace is long: the
+    // restart must be found by its seq, not given up; see liveness.rs.)
     // Restarts are detected by the seq going back, so the old incarnation
     // must be well ahead of what the new one sends before the SUB
     // reconnects: each distinct prompt makes the engine publish a batch.

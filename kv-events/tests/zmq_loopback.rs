@@ -1,14 +1,16 @@
 //! Publisher ↔ subscriber over loopback TCP (free ports, every wait bounded).
 #![cfg(feature = "zmq")]
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kvsteer_kv_events::zmq::{
-    Publisher, PublisherConfig, StreamItem, SubscriberConfig, spawn_subscriber,
+    Publisher, PublisherConfig, StreamItem, SubscriberConfig, spawn_probed_subscriber,
+    spawn_subscriber,
 };
 use kvsteer_kv_events::{BlockHash, BlockRemoved, Encoding, EventBatch, KvEvent};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::timeout;
 use zeromq::prelude::*;
 use zeromq::{DealerSocket, ZmqMessage};
@@ -53,8 +55,17 @@ struct Sub {
 
 impl Sub {
     fn start(p: &Publisher) -> Sub {
+        Sub::start_with(p, |_| {}, Arc::new(Notify::new()))
+    }
+
+    /// A subscriber to `p`, its config changed by `adjust`, probed by `probe`.
+    fn start_with(
+        p: &Publisher,
+        adjust: impl FnOnce(&mut SubscriberConfig),
+        probe: Arc<Notify>,
+    ) -> Sub {
         let (pub_ep, replay_ep) = p.local_endpoints();
-        let cfg = SubscriberConfig {
+        let mut cfg = SubscriberConfig {
             endpoint: pub_ep,
             replay_endpoint: replay_ep,
             topic: "kv@10.0.0.1:8000@".into(),
@@ -62,11 +73,14 @@ impl Sub {
             max_replay_retries: 2,
             backoff_initial: Duration::from_millis(20),
             backoff_max: Duration::from_millis(200),
+            reconnect_max: Duration::from_millis(200),
             idle_reconnect: Some(Duration::from_millis(300)),
+            down_grace: None,
         };
+        adjust(&mut cfg);
         let (tx, rx) = mpsc::channel(16);
         let (stop, stop_rx) = watch::channel(false);
-        let task = spawn_subscriber(cfg, tx, stop_rx);
+        let task = spawn_probed_subscriber(cfg, tx, stop_rx, probe);
         Sub { rx, stop, task }
     }
 
@@ -257,6 +271,111 @@ async fn publisher_restart_is_a_reset() {
     }
     sub.stop().await;
     b.shutdown().await;
+}
+
+// === liveness: engine loss, give-up, restart found at reconnect ===
+
+/// Binds a publisher on the ports `a` used, retrying while they are released.
+async fn rebind(pub_ep: &str, replay_ep: &str) -> Publisher {
+    timeout(WAIT, async {
+        loop {
+            match Publisher::bind(pub_config(pub_ep, replay_ep)).await {
+                Ok(b) => break b,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    })
+    .await
+    .expect("rebind the same ports")
+}
+
+/// A killed engine is reported at once by the socket monitor (no idle
+/// probe here), given up after the grace, and what comes back later on the
+/// same ports is read from its first batch, without a `Reset`.
+#[tokio::test]
+async fn engine_loss_is_reported_at_once_and_given_up_after_the_grace() {
+    let grace = Duration::from_millis(400);
+    let a = publisher().await;
+    let (pub_ep, replay_ep) = a.local_endpoints();
+    let replay_ep = replay_ep.expect("replay bound");
+    let mut sub = Sub::start_with(
+        &a,
+        |c| {
+            c.idle_reconnect = None;
+            c.down_grace = Some(grace);
+        },
+        Arc::new(Notify::new()),
+    );
+    sub.wait_connected().await;
+    let mut next = 0;
+    warm_up_live(&a, &mut sub, 1, &mut next).await;
+    let killed = Instant::now();
+    a.shutdown().await;
+    assert_eq!(sub.next().await, StreamItem::Disconnected);
+    let noticed = killed.elapsed();
+    let gone = sub.next().await;
+    let StreamItem::EngineGone { down_for } = gone else {
+        panic!("expected EngineGone, got {gone:?}")
+    };
+    assert!(down_for >= grace, "{down_for:?}");
+    eprintln!("disconnect noticed after {noticed:?}, given up after {down_for:?}");
+
+    let b = rebind(&pub_ep, &replay_ep).await;
+    for i in 0..2 {
+        assert_eq!(b.publish_unsent(&batch(2, i)).await, i);
+    }
+    // Replayed from 0 on reconnect: the old engine's seq is forgotten.
+    for i in 0..2 {
+        let (seq, got, replayed) = sub.next_batch(|_| false).await;
+        assert_eq!((seq, replayed), (i, true));
+        assert_eq!(got, batch(2, i));
+    }
+    assert_eq!(sub.next().await, StreamItem::Connected);
+    sub.stop().await;
+    b.shutdown().await;
+}
+
+/// An engine restarted within the grace, publishing nothing live, is found
+/// at reconnect by the resume replay (no idle probe, no live batch).
+#[tokio::test]
+async fn restart_is_found_at_reconnect() {
+    let a = publisher().await;
+    let (pub_ep, replay_ep) = a.local_endpoints();
+    let replay_ep = replay_ep.expect("replay bound");
+    let mut sub = Sub::start_with(&a, |c| c.idle_reconnect = None, Arc::new(Notify::new()));
+    sub.wait_connected().await;
+    let mut next = 0;
+    warm_up_live(&a, &mut sub, 1, &mut next).await;
+    a.shutdown().await;
+    let restarted = Instant::now();
+    let b = rebind(&pub_ep, &replay_ep).await;
+    let reset = sub.next_event().await;
+    assert!(
+        matches!(reset, StreamItem::Reset { last_seq, got: 0 } if last_seq == next - 1),
+        "expected Reset, got {reset:?}"
+    );
+    eprintln!("restart found {:?} after the new bind", restarted.elapsed());
+    assert_eq!(sub.next().await, StreamItem::Connected);
+    sub.stop().await;
+    b.shutdown().await;
+}
+
+/// A probe asked for by the consumer replays what the live stream lost.
+#[tokio::test]
+async fn probe_on_request_replays_lost_batches() {
+    let p = publisher().await;
+    let probe = Arc::new(Notify::new());
+    let mut sub = Sub::start_with(&p, |c| c.idle_reconnect = None, probe.clone());
+    sub.wait_connected().await;
+    let mut next = 0;
+    warm_up_live(&p, &mut sub, 1, &mut next).await;
+    assert_eq!(p.publish_unsent(&batch(1, next)).await, next);
+    probe.notify_one();
+    let (seq, got, replayed) = sub.next_batch(|_| false).await;
+    assert_eq!((seq, replayed), (next, true));
+    assert_eq!(got, batch(1, next));
+    sub.stop().await;
+    p.shutdown().await;
 }
 
 // === the replay wire format, against the vLLM 0.33 transcripts (replay.md) ===
@@ -529,6 +648,53 @@ async fn bind_mode_receives_from_a_connecting_publisher() {
         got.windows(2).all(|w| w[1] == w[0] + 1),
         "in order: {got:?}"
     );
+    stop.send(true).expect("shutdown");
+    timeout(WAIT, task).await.expect("stops").expect("no panic");
+}
+
+/// Bind mode keeps its socket: a publisher leaving is `Disconnected`, given
+/// up after the grace, and one connecting again is `Connected`.
+#[tokio::test]
+async fn bind_mode_reports_a_publisher_leaving_and_coming_back() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let cfg = SubscriberConfig {
+        endpoint: endpoint.clone(),
+        bind: true,
+        idle_reconnect: None,
+        down_grace: Some(Duration::from_millis(200)),
+        ..SubscriberConfig::default()
+    };
+    let (tx, mut rx) = mpsc::channel(16);
+    let (stop, stop_rx) = watch::channel(false);
+    let task = spawn_subscriber(cfg, tx, stop_rx);
+    async fn next(rx: &mut mpsc::Receiver<StreamItem>) -> StreamItem {
+        timeout(WAIT, rx.recv())
+            .await
+            .expect("in time")
+            .expect("subscriber alive")
+    }
+    assert_eq!(next(&mut rx).await, StreamItem::Connected);
+
+    let mut first = zeromq::PubSocket::new();
+    timeout(WAIT, first.connect(&endpoint))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    let _ = first.close().await;
+    assert_eq!(next(&mut rx).await, StreamItem::Disconnected);
+    assert!(matches!(next(&mut rx).await, StreamItem::EngineGone { .. }));
+
+    let mut second = zeromq::PubSocket::new();
+    timeout(WAIT, second.connect(&endpoint))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    assert_eq!(next(&mut rx).await, StreamItem::Connected);
+    let _ = second.close().await;
     stop.send(true).expect("shutdown");
     timeout(WAIT, task).await.expect("stops").expect("no panic");
 }

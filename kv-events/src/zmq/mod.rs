@@ -20,7 +20,8 @@ pub use publisher::{
 };
 pub use replay_client::{ReplayError, ReplayedBatch, fetch_replay};
 pub use subscriber::{
-    CONNECT_TIMEOUT, REPLAY_TIMEOUT, StreamItem, SubscriberConfig, spawn_subscriber,
+    CONNECT_TIMEOUT, REPLAY_TIMEOUT, StreamItem, SubscriberConfig, spawn_probed_subscriber,
+    spawn_subscriber,
 };
 
 /// Errors of the ZeroMQ publisher.

@@ -1,22 +1,35 @@
 //! Indexer side: one task per engine endpoint turning the PUB stream (plus
 //! replays) into an ordered, de-duplicated [`StreamItem`] stream.
 //!
-//! Session: create SUB (connect, or bind when `bind`), subscribe, emit
-//! `Connected`, replay what was missed (everything buffered on first start),
-//! then read live messages. A gap triggers a replay from the last delivered
-//! seq; a seq that went back (another payload for an old seq) is an engine
-//! restart: `Reset`, then a replay from 0. With no live message for
-//! `idle_reconnect`, the replay endpoint is probed (catching restarts whose
-//! live messages were lost); without a replay endpoint, or if the probe fails,
-//! the SUB socket is recreated, since zeromq-rs may not notice a dead peer.
+//! Session: create SUB (connect, or bind when `bind`), subscribe, replay
+//! what was missed (everything buffered on first start, else from the last
+//! delivered seq, which tells a restarted engine from the same one), emit
+//! `Connected`, then read live messages. A gap triggers a replay from the
+//! last delivered seq; a seq that went back (another payload for an old seq)
+//! is an engine restart: `Reset`, then a replay from 0.
+//!
+//! Liveness: the SUB socket's monitor reports the engine's connection
+//! closing (a killed process's kernel closes it) at once. zeromq-rs would
+//! reconnect by itself, silently and with a backoff growing to 30 s, and the
+//! restart would only show at the next live batch; instead the session ends
+//! (`Disconnected`) and a new SUB is connected with a backoff capped at
+//! `reconnect_max`, whose resume replay finds a restart. An engine not back
+//! within `down_grace` is given up (`EngineGone`: its cache is gone; the
+//! sequence starts over, so whatever comes back is replayed from 0). A
+//! probe (replay from the resume point) runs after `idle_reconnect` without
+//! a live message, or when the consumer asks ([`spawn_probed_subscriber`]),
+//! e.g. because the engine's HTTP side answers again after failures.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, watch};
+use futures::StreamExt;
+use futures::channel::mpsc as fmpsc;
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 use zeromq::prelude::*;
-use zeromq::{SocketOptions, SubSocket, ZmqError, ZmqMessage};
+use zeromq::{SocketEvent, SocketOptions, SubSocket, ZmqError, ZmqMessage};
 
 use super::frames::parse_live;
 use super::replay_client::{ReplayedBatch, fetch_replay};
@@ -40,10 +53,18 @@ pub struct SubscriberConfig {
     pub bind: bool,
     /// Extra attempts of a failed replay request.
     pub max_replay_retries: u32,
+    /// First delay of replay retries and SUB reconnects.
     pub backoff_initial: Duration,
+    /// Cap of the delay between replay retries.
     pub backoff_max: Duration,
+    /// Cap of the delay between SUB reconnect attempts: the engine is known,
+    /// so a short cap finds it soon after it is back.
+    pub reconnect_max: Duration,
     /// Probe/recreate after this long without a live message; `None` = never.
     pub idle_reconnect: Option<Duration>,
+    /// After the engine's connection is lost, how long until the engine is
+    /// given up ([`StreamItem::EngineGone`]); `None` = never.
+    pub down_grace: Option<Duration>,
 }
 
 impl Default for SubscriberConfig {
@@ -56,7 +77,9 @@ impl Default for SubscriberConfig {
             max_replay_retries: 3,
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
+            reconnect_max: Duration::from_secs(1),
             idle_reconnect: Some(Duration::from_secs(30)),
+            down_grace: Some(Duration::from_secs(2)),
         }
     }
 }
@@ -73,28 +96,25 @@ pub enum StreamItem {
         replayed: bool,
     },
     /// A payload that could not be decoded at all; the stream continues.
-    Malformed {
-        seq: u64,
-        error: DecodeError,
-    },
+    Malformed { seq: u64, error: DecodeError },
+    /// Connected to the engine and caught up with it (the resume replay,
+    /// which reports a restart as `Reset` first, is done or failed): live
+    /// batches follow.
     Connected,
+    /// The connection to the engine was lost (peer closed, receive failed,
+    /// or the socket is recreated); reconnecting.
     Disconnected,
+    /// The engine stayed unreachable for `down_grace` after a disconnect:
+    /// its cache is gone with it, drop everything of this engine. Whatever
+    /// reconnects later is replayed from its oldest buffered batch.
+    EngineGone { down_for: Duration },
     /// Live seq `got` arrived while `expected` was next; a replay follows.
-    Gap {
-        expected: u64,
-        got: u64,
-    },
+    Gap { expected: u64, got: u64 },
     /// The engine restarted (seq went back): drop everything of this engine.
     /// Batches from seq 0 of the new incarnation follow.
-    Reset {
-        last_seq: u64,
-        got: u64,
-    },
+    Reset { last_seq: u64, got: u64 },
     /// Batches from `from` on could not be replayed; they are lost.
-    ReplayFailed {
-        from: u64,
-        error: String,
-    },
+    ReplayFailed { from: u64, error: String },
 }
 
 /// Spawns the subscriber task. It runs until `shutdown` turns `true` (or its
@@ -105,12 +125,27 @@ pub fn spawn_subscriber(
     tx: mpsc::Sender<StreamItem>,
     shutdown: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
+    spawn_probed_subscriber(cfg, tx, shutdown, Arc::new(Notify::new()))
+}
+
+/// [`spawn_subscriber`], plus `probe`: each `notify_one` makes a connected
+/// subscriber replay from its resume point (finding a restart its live
+/// stream has not shown yet).
+pub fn spawn_probed_subscriber(
+    cfg: SubscriberConfig,
+    tx: mpsc::Sender<StreamItem>,
+    shutdown: watch::Receiver<bool>,
+    probe: Arc<Notify>,
+) -> JoinHandle<()> {
     tokio::spawn(
         Worker {
             cfg,
             tx,
             shutdown,
             seq: Sequencer::default(),
+            probe,
+            down_since: None,
+            gone: false,
         }
         .run(),
     )
@@ -126,11 +161,28 @@ struct Worker {
     tx: mpsc::Sender<StreamItem>,
     shutdown: watch::Receiver<bool>,
     seq: Sequencer,
+    probe: Arc<Notify>,
+    /// When the engine's connection was lost (`None` while connected, and
+    /// before the first connection).
+    down_since: Option<Instant>,
+    /// `EngineGone` was emitted for the current loss.
+    gone: bool,
 }
 
 enum Next {
     Message(Result<ZmqMessage, ZmqError>),
     Idle,
+    /// The monitor saw the engine's connection close.
+    PeerLost,
+    /// The monitor saw a connection (bind mode: a publisher connected).
+    PeerUp,
+    /// Another monitor event.
+    Other,
+    /// The monitor's sender is gone (the socket is shutting down).
+    MonitorClosed,
+    Probe,
+    /// `down_grace` passed since the loss (bind mode, socket kept).
+    Grace,
 }
 
 // === impl Worker ===
@@ -145,10 +197,10 @@ impl Worker {
             if self.session(&mut backoff).await.is_err() {
                 break;
             }
-            if self.sleep(backoff).await.is_err() {
+            if self.guarded(tokio::time::sleep(backoff)).await.is_err() {
                 break;
             }
-            backoff = (backoff * 2).min(self.cfg.backoff_max);
+            backoff = (backoff * 2).min(self.cfg.reconnect_max);
         }
         tracing::debug!(endpoint = %self.cfg.endpoint, "kv event subscriber stopped");
     }
@@ -156,41 +208,114 @@ impl Worker {
     /// One SUB socket's lifetime. `Ok` means "recreate after a backoff".
     async fn session(&mut self, backoff: &mut Duration) -> Flow<()> {
         let cfg = self.cfg.clone();
-        let mut sub = match self.cancellable(open_sub(&cfg)).await? {
+        let (mut sub, mut monitor) = match self.guarded(open_sub(&cfg)).await? {
             Ok(sub) => sub,
             Err(e) => {
-                tracing::warn!(endpoint = %self.cfg.endpoint, error = %e, "SUB connect failed");
+                tracing::debug!(endpoint = %self.cfg.endpoint, error = %e, "SUB connect failed");
                 return Ok(());
             }
         };
         tracing::info!(endpoint = %self.cfg.endpoint, bind = self.cfg.bind, "kv event SUB connected");
         *backoff = self.cfg.backoff_initial;
-        self.emit(StreamItem::Connected).await?;
+        self.resume().await?;
+        let ended = self.live(&mut sub, &mut monitor).await;
+        // Release a bound endpoint before the next session binds it again.
+        for e in sub.close().await {
+            tracing::debug!(endpoint = %self.cfg.endpoint, error = %e, "closing SUB");
+        }
+        ended?;
+        self.lost().await
+    }
+
+    /// Catch up after a (re)connect: replay from the resume point (a restart
+    /// shows as `Reset`), then `Connected`.
+    async fn resume(&mut self) -> Flow<()> {
         if self.cfg.replay_endpoint.is_some() {
             let from = self.seq.resume_from();
             if let Some(replies) = self.replay(from).await? {
                 self.apply_replay(replies).await?;
             }
         }
-        let ended = self.live(&mut sub).await;
-        // Release a bound endpoint before the next session binds it again.
-        for e in sub.close().await {
-            tracing::debug!(endpoint = %self.cfg.endpoint, error = %e, "closing SUB");
+        if let Some(since) = self.down_since.take() {
+            tracing::info!(endpoint = %self.cfg.endpoint, down_for = ?since.elapsed(), "kv event stream back");
         }
-        ended?;
+        self.gone = false;
+        self.emit(StreamItem::Connected).await
+    }
+
+    /// The engine's connection is lost: `Disconnected`, and the grace starts.
+    async fn lost(&mut self) -> Flow<()> {
+        self.down_since.get_or_insert_with(Instant::now);
         self.emit(StreamItem::Disconnected).await
     }
 
-    async fn live(&mut self, sub: &mut SubSocket) -> Flow<()> {
+    /// When the engine is given up, unless it is connected or already given up.
+    fn grace_deadline(&self) -> Option<tokio::time::Instant> {
+        match (self.down_since, self.cfg.down_grace, self.gone) {
+            (Some(since), Some(grace), false) => Some((since + grace).into()),
+            _ => None,
+        }
+    }
+
+    /// `EngineGone`; the next engine is read from its first buffered batch.
+    async fn give_up(&mut self) -> Flow<()> {
+        let down_for = self.down_since.map_or(Duration::ZERO, |t| t.elapsed());
+        tracing::warn!(endpoint = %self.cfg.endpoint, ?down_for, "kv event engine unreachable; giving up its blocks");
+        self.gone = true;
+        self.seq.reset();
+        self.emit(StreamItem::EngineGone { down_for }).await
+    }
+
+    /// Runs `fut` (cancellable), giving the engine up when the grace passes
+    /// meanwhile.
+    async fn guarded<T>(&mut self, fut: impl Future<Output = T>) -> Flow<T> {
+        tokio::pin!(fut);
+        loop {
+            let deadline = self.grace_deadline();
+            let step = async {
+                tokio::select! {
+                    v = &mut fut => Some(v),
+                    _ = sleep_until(deadline) => None,
+                }
+            };
+            match self.cancellable(step).await? {
+                Some(v) => return Ok(v),
+                None => self.give_up().await?,
+            }
+        }
+    }
+
+    /// Live messages until the session must end (`Ok`: recreate the SUB).
+    async fn live(
+        &mut self,
+        sub: &mut SubSocket,
+        monitor: &mut fmpsc::Receiver<SocketEvent>,
+    ) -> Flow<()> {
+        let mut monitored = true;
         loop {
             let idle = self.cfg.idle_reconnect;
+            let deadline = self.grace_deadline();
+            let probe = self.probe.clone();
             let next = async {
-                match idle {
-                    Some(d) => match tokio::time::timeout(d, sub.recv()).await {
-                        Ok(m) => Next::Message(m),
-                        Err(_) => Next::Idle,
+                let recv = async {
+                    match idle {
+                        Some(d) => match tokio::time::timeout(d, sub.recv()).await {
+                            Ok(m) => Next::Message(m),
+                            Err(_) => Next::Idle,
+                        },
+                        None => Next::Message(sub.recv().await),
+                    }
+                };
+                tokio::select! {
+                    n = recv => n,
+                    ev = monitor.next(), if monitored => match ev {
+                        Some(SocketEvent::Disconnected(_)) => Next::PeerLost,
+                        Some(SocketEvent::Connected(..) | SocketEvent::Accepted(..)) => Next::PeerUp,
+                        Some(_) => Next::Other,
+                        None => Next::MonitorClosed,
                     },
-                    None => Next::Message(sub.recv().await),
+                    _ = probe.notified() => Next::Probe,
+                    _ = sleep_until(deadline) => Next::Grace,
                 }
             };
             match self.cancellable(next).await? {
@@ -199,9 +324,24 @@ impl Worker {
                     tracing::warn!(endpoint = %self.cfg.endpoint, error = %e, "SUB receive failed");
                     return Ok(());
                 }
-                Next::Idle => {
+                Next::PeerLost if self.cfg.bind => {
+                    // The socket stays bound; the engine connects again.
+                    tracing::warn!(endpoint = %self.cfg.endpoint, "kv event publisher disconnected");
+                    self.lost().await?;
+                }
+                Next::PeerLost => {
+                    tracing::warn!(endpoint = %self.cfg.endpoint, "kv event engine connection lost; reconnecting");
+                    return Ok(());
+                }
+                Next::PeerUp if self.down_since.is_some() => self.resume().await?,
+                Next::PeerUp | Next::Other => {}
+                Next::MonitorClosed => monitored = false,
+                Next::Grace => self.give_up().await?,
+                // Nothing to ask without a replay endpoint.
+                Next::Probe if self.cfg.replay_endpoint.is_none() => {}
+                Next::Idle | Next::Probe => {
                     if !self.probe().await? {
-                        tracing::info!(endpoint = %self.cfg.endpoint, "no live message and no replay answer: recreating SUB");
+                        tracing::info!(endpoint = %self.cfg.endpoint, "no replay answer: recreating SUB");
                         return Ok(());
                     }
                 }
@@ -209,8 +349,8 @@ impl Worker {
         }
     }
 
-    /// Replays from the resume point after an idle period; `false` when the
-    /// engine did not answer (or cannot be probed).
+    /// Replays from the resume point (idle period, or asked to); `false`
+    /// when the engine did not answer (or cannot be probed).
     async fn probe(&mut self) -> Flow<bool> {
         let Some(endpoint) = self.cfg.replay_endpoint.clone() else {
             return Ok(false);
@@ -225,7 +365,7 @@ impl Worker {
                 Ok(true)
             }
             Err(e) => {
-                tracing::info!(endpoint = %endpoint, start_seq = from, error = %e, "idle probe failed");
+                tracing::info!(endpoint = %endpoint, start_seq = from, error = %e, "replay probe failed");
                 Ok(false)
             }
         }
@@ -402,10 +542,23 @@ async fn wait_shutdown(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
-async fn open_sub(cfg: &SubscriberConfig) -> Result<SubSocket, ZmqError> {
+/// Resolves at `deadline`, never without one.
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A subscribed SUB socket and its monitor (taken before connecting, so
+/// that no connection event is missed).
+async fn open_sub(
+    cfg: &SubscriberConfig,
+) -> Result<(SubSocket, fmpsc::Receiver<SocketEvent>), ZmqError> {
     let mut options = SocketOptions::default();
     options.connect_timeout(CONNECT_TIMEOUT);
     let mut sub = SubSocket::with_options(options);
+    let monitor = sub.monitor();
     sub.subscribe(&cfg.topic).await?;
     if cfg.bind {
         sub.bind(&cfg.endpoint.replacen("://*:", "://0.0.0.0:", 1))
@@ -413,5 +566,5 @@ async fn open_sub(cfg: &SubscriberConfig) -> Result<SubSocket, ZmqError> {
     } else {
         sub.connect(&cfg.endpoint).await?;
     }
-    Ok(sub)
+    Ok((sub, monitor))
 }
