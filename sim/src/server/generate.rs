@@ -4,10 +4,10 @@
 use std::sync::atomic::Ordering;
 
 use axum::body::{Body, Bytes};
-use bytes::BytesMut;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use bytes::BytesMut;
 use kvsteer_tokenize::{ChatRequest, CompletionPrompt};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};

@@ -45,6 +45,18 @@ pub struct Failures {
 pub fn classify(outcomes: &[Outcome], events: &[Event]) -> Failures {
     let mut f = Failures::default();
     let mut per_kill = vec![0u64; events.len()];
+    // What a kill may have failed: what the worker had when sampled, plus
+    // any request sent between the sample and the kill.
+    let cap: Vec<u64> = events
+        .iter()
+        .map(|e| {
+            let late = outcomes
+                .iter()
+                .filter(|o| o.start > e.sampled && o.start <= e.at)
+                .count() as u64;
+            e.in_flight.map_or(0, |n| n + late)
+        })
+        .collect();
     for o in outcomes.iter().filter(|o| o.error.is_some()) {
         let kill = events.iter().position(|e| {
             let Fault::KillWorker(i) = e.fault else {
@@ -57,7 +69,7 @@ pub fn classify(outcomes: &[Outcome], events: &[Event]) -> Failures {
             o.start <= e.at && o.end >= e.at && from_worker
         });
         match kill {
-            Some(k) if per_kill[k] < events[k].in_flight.unwrap_or(0) => {
+            Some(k) if per_kill[k] < cap[k] => {
                 per_kill[k] += 1;
                 f.worker_kill += 1;
             }
@@ -113,6 +125,26 @@ pub fn rss_check(samples: &[(f64, u32, u64)], warmup: f64) -> Check {
     }
 }
 
+/// The indexer's RSS every `step` seconds: "t s: MB" (incarnations apart).
+pub fn rss_series(samples: &[(f64, u32, u64)], step: f64) -> String {
+    let mut out = Vec::new();
+    let mut next = 0.0;
+    let mut life = 0;
+    for &(t, l, kb) in samples {
+        if t >= next || l != life {
+            let mark = if l != life && life != 0 {
+                " (restarted)"
+            } else {
+                ""
+            };
+            out.push(format!("{t:.0} s: {} MB{mark}", kb / 1024));
+            next = t + step;
+            life = l;
+        }
+    }
+    out.join(", ")
+}
+
 /// A markdown table of the checks.
 pub fn table(checks: &[Check]) -> String {
     let mut s = String::from("| check | result | detail |\n|---|---|---|\n");
@@ -148,23 +180,27 @@ mod tests {
     #[test]
     fn kill_failures_are_bounded_by_what_the_worker_had() {
         let events = vec![Event {
+            sampled: 9.9,
             at: 10.0,
             back: 12.0,
             fault: Fault::KillWorker(1),
             in_flight: Some(2),
         }];
         let outcomes = vec![
+            // w2 had 2 when sampled, and one more was sent before the kill
+            // (9.95 s): at most 3 failures are the kill's.
             outcome(9.0, 10.5, Some("w2"), 200, true),
             outcome(9.5, 10.2, None, 503, true),
-            // A third across the kill: more than w2 had.
+            outcome(9.95, 10.4, None, 503, true),
+            // A fourth across the kill: more than w2 can have had.
             outcome(9.7, 10.3, None, 503, true),
-            // Another worker's failure, and one outside the kill.
+            // Another worker's failure, and one after the kill.
             outcome(9.0, 10.5, Some("w1"), 200, true),
             outcome(11.0, 11.5, None, 503, true),
             outcome(1.0, 2.0, Some("w2"), 200, false),
         ];
         let f = classify(&outcomes, &events);
-        assert_eq!(f.worker_kill, 2);
+        assert_eq!(f.worker_kill, 3);
         assert_eq!(f.other.len(), 3);
     }
 
@@ -172,7 +208,11 @@ mod tests {
     fn rss_judged_over_the_last_life_after_warm_up() {
         let mut samples: Vec<(f64, u32, u64)> = (0..10).map(|t| (t as f64, 1, 900_000)).collect();
         samples.extend((10..40).map(|t| (t as f64, 2, 100_000 + if t < 15 { 0 } else { 5_000 })));
-        assert!(rss_check(&samples, 5.0).pass, "{:?}", rss_check(&samples, 5.0));
+        assert!(
+            rss_check(&samples, 5.0).pass,
+            "{:?}",
+            rss_check(&samples, 5.0)
+        );
         samples.push((40.0, 2, 200_000));
         assert!(!rss_check(&samples, 5.0).pass);
         assert!(!rss_check(&samples[..12], 5.0).pass);

@@ -20,7 +20,8 @@ pub enum Fault {
     KillIndexer,
     StopIndexer,
     KillRedis,
-    /// Plants stale-block probes on the worker, then kills and restarts it.
+    /// Plants stale-block probes on the busiest worker (this one on a tie),
+    /// then kills and restarts it.
     KillWorker(usize),
     StopWorker(usize),
     ResetBurst,
@@ -49,7 +50,10 @@ pub fn schedule(duration: f64) -> Vec<(f64, Fault)> {
 /// One executed fault.
 #[derive(Debug, Clone)]
 pub struct Event {
-    /// Seconds from the start when the fault hit.
+    /// Seconds from the start when `in_flight` was read.
+    pub sampled: f64,
+    /// Seconds from the start when the fault hit (a killed process is
+    /// gone by then).
     pub at: f64,
     /// Seconds from the start when the process was back (or resumed).
     pub back: f64,
@@ -67,6 +71,7 @@ pub struct StaleProbe {
     pub bodies: Vec<Value>,
     /// Whether the indexer had indexed them on the worker before the kill.
     pub indexed: bool,
+    /// Seconds from the start when the new process was spawned.
     pub restarted: f64,
 }
 
@@ -114,22 +119,46 @@ impl Faults {
                 tokio::time::sleep(DOWN).await;
                 self.layout.start_redis().await?;
             }
-            Fault::KillWorker(i) => {
+            Fault::KillWorker(scheduled) => {
+                // The busiest worker (the scheduled one on a tie): steering
+                // may keep a worker idle, and an idle kill tests little.
+                let mut i = scheduled;
+                let mut most = self.worker_in_flight(i).await;
+                for w in 0..3 {
+                    let n = self.worker_in_flight(w).await;
+                    if n > most {
+                        (i, most) = (w, n);
+                    }
+                }
+                let fault = Fault::KillWorker(i);
                 let probe = self.plant(i).await?;
-                in_flight = Some(self.worker_in_flight(i).await);
-                let at = self.now();
+                // Kill it busy (up to 5 s of waiting), so the kill fails
+                // requests in flight as a crash in production would.
+                let mut busy = 0;
+                for _ in 0..50 {
+                    busy = self.worker_in_flight(i).await;
+                    if busy > 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                in_flight = Some(busy);
+                let sampled = self.now();
                 self.layout.kill_worker(i);
+                let at = self.now();
                 tokio::time::sleep(DOWN).await;
+                let spawned = self.now();
                 self.layout.start_worker(i).await?;
                 let back = self.now();
                 self.events.push(Event {
+                    sampled,
                     at,
                     back,
                     fault,
                     in_flight,
                 });
                 self.probes.push(StaleProbe {
-                    restarted: back,
+                    restarted: spawned,
                     ..probe
                 });
                 return Ok(());
@@ -148,6 +177,7 @@ impl Faults {
         }
         let back = self.now();
         self.events.push(Event {
+            sampled: at,
             at,
             back,
             fault,
@@ -173,7 +203,8 @@ impl Faults {
         };
         text.lines()
             .filter(|l| {
-                l.starts_with("vllm:num_requests_running{") || l.starts_with("vllm:num_requests_waiting{")
+                l.starts_with("vllm:num_requests_running{")
+                    || l.starts_with("vllm:num_requests_waiting{")
             })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>() as u64
@@ -184,7 +215,11 @@ impl Faults {
     async fn plant(&mut self, i: usize) -> anyhow::Result<StaleProbe> {
         let mut bodies = Vec::new();
         for k in 0..2 {
-            let text = format!("stale probe {k} at {:.3}: {}", self.now(), words(&mut self.rng, 150));
+            let text = format!(
+                "stale probe {k} at {:.3}: {}",
+                self.now(),
+                words(&mut self.rng, 150)
+            );
             let body = json!({"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1});
             self.http
                 .post(format!("http://127.0.0.1:{}/v1/chat/completions", 8001 + i))
@@ -227,6 +262,11 @@ pub async fn matched_tokens(http: &reqwest::Client, body: &Value, name: &str) ->
         .json()
         .await
         .ok()?;
+    // A degraded dry run (e.g. a Redis lookup that timed out) says nothing
+    // about what is indexed.
+    if v["degraded"].as_bool() != Some(false) {
+        return None;
+    }
     v["workers"]
         .as_array()?
         .iter()
@@ -237,7 +277,12 @@ pub async fn matched_tokens(http: &reqwest::Client, body: &Value, name: &str) ->
 /// Polls until the indexer reports none of `probe`'s tokens on its worker;
 /// seconds from the start when that was first seen, `None` if not by
 /// `until` (seconds from the start).
-pub async fn watch_stale(http: reqwest::Client, t0: Instant, probe: StaleProbe, until: f64) -> Option<f64> {
+pub async fn watch_stale(
+    http: reqwest::Client,
+    t0: Instant,
+    probe: StaleProbe,
+    until: f64,
+) -> Option<f64> {
     let name = format!("w{}", probe.worker + 1);
     while t0.elapsed().as_secs_f64() < until {
         let mut stale = 0;
@@ -267,8 +312,18 @@ mod tests {
         assert!(ci.windows(2).all(|w| w[0].0 < w[1].0));
         assert!(ci.iter().all(|(at, _)| *at > 3.0 && *at < 55.0));
         let full = schedule(600.0);
-        assert_eq!(full.iter().filter(|(_, f)| *f == Fault::KillIndexer).count(), 1);
-        assert_eq!(full.iter().filter(|(_, f)| matches!(f, Fault::KillWorker(_))).count(), 4);
+        assert_eq!(
+            full.iter()
+                .filter(|(_, f)| *f == Fault::KillIndexer)
+                .count(),
+            1
+        );
+        assert_eq!(
+            full.iter()
+                .filter(|(_, f)| matches!(f, Fault::KillWorker(_)))
+                .count(),
+            4
+        );
         assert!(full.iter().all(|(at, _)| *at < 600.0));
     }
 }

@@ -78,7 +78,9 @@ impl Slot {
 
     /// SIGSTOP / SIGCONT through `kill(1)` (the crate forbids `unsafe`).
     fn signal(&self, sig: &str) -> anyhow::Result<()> {
-        let pid = self.pid().with_context(|| format!("{} is not running", self.name))?;
+        let pid = self
+            .pid()
+            .with_context(|| format!("{} is not running", self.name))?;
         let status = Command::new("kill")
             .args([&format!("-{sig}"), &pid.to_string()])
             .status()
@@ -192,7 +194,11 @@ impl Layout {
 
     pub async fn start_worker(&mut self, i: usize) -> anyhow::Result<()> {
         self.sims[i].spawn(&self.logs)?;
-        wait_http_ok(&format!("http://127.0.0.1:{}/health", 8001 + i), START_LIMIT).await
+        wait_http_ok(
+            &format!("http://127.0.0.1:{}/health", 8001 + i),
+            START_LIMIT,
+        )
+        .await
     }
 
     pub fn kill_worker(&mut self, i: usize) {

@@ -106,7 +106,8 @@ impl Traffic {
         while !self.stop.load(Ordering::Relaxed) {
             if rng.chance(70) {
                 // A conversation of 2-4 turns, each turn's answer kept.
-                let mut messages = vec![json!({"role": "system", "content": system_prompt(rng.range(0, 2))})];
+                let mut messages =
+                    vec![json!({"role": "system", "content": system_prompt(rng.range(0, 2))})];
                 for _ in 0..rng.range(2, 4) {
                     if self.stop.load(Ordering::Relaxed) {
                         break;
@@ -118,7 +119,9 @@ impl Traffic {
                         "model": MODEL, "messages": messages, "stream": stream,
                         "max_tokens": rng.range(4, 16),
                     });
-                    let (o, answer) = self.request(id, "chat", "/v1/chat/completions", body, stream).await;
+                    let (o, answer) = self
+                        .request(id, "chat", "/v1/chat/completions", body, stream)
+                        .await;
                     let failed = o.error.is_some();
                     out.push(o);
                     if failed {
@@ -134,7 +137,9 @@ impl Traffic {
                     "model": MODEL, "prompt": words(&mut rng, n), "stream": stream,
                     "max_tokens": rng.range(4, 16),
                 });
-                let (o, _) = self.request(id, "completions", "/v1/completions", body, stream).await;
+                let (o, _) = self
+                    .request(id, "completions", "/v1/completions", body, stream)
+                    .await;
                 out.push(o);
             }
             tokio::time::sleep(Duration::from_millis(rng.range(20, 200))).await;
@@ -199,7 +204,11 @@ impl Traffic {
         };
         let text = String::from_utf8_lossy(&text).into_owned();
         if o.status != 200 {
-            o.error = Some(format!("HTTP {}: {}", o.status, text.chars().take(200).collect::<String>()));
+            o.error = Some(format!(
+                "HTTP {}: {}",
+                o.status,
+                text.chars().take(200).collect::<String>()
+            ));
             return (o, String::new());
         }
         match answer(&text, stream) {
@@ -233,7 +242,10 @@ fn answer(body: &str, stream: bool) -> Result<String, String> {
         }
         let v: Value = serde_json::from_str(data).map_err(|e| format!("bad chunk ({e})"))?;
         let c = &v["choices"][0];
-        if let Some(t) = c["delta"]["content"].as_str().or_else(|| c["text"].as_str()) {
+        if let Some(t) = c["delta"]["content"]
+            .as_str()
+            .or_else(|| c["text"].as_str())
+        {
             text.push_str(t);
         }
     }
