@@ -6,7 +6,7 @@
 # results table; exits non-zero when a check fails. See RELIABILITY.md.
 #
 #   scripts/chaos-soak.sh                  # 10 minutes
-#   scripts/chaos-soak.sh --ci             # 75 s (what a CI run can afford)
+#   scripts/chaos-soak.sh --ci             # 60 s of traffic (what a CI run can afford)
 #   scripts/chaos-soak.sh --duration 300   # any length; other flags go to kvsteer-chaos
 #
 # The layout uses fixed ports (8080/9901, 9090/9091, 8001-8003, 5557-5569):
