@@ -476,3 +476,118 @@ async fn returned_token_ids_make_the_next_turn_hit_its_answer() {
     assert!(plain["choices"][0].get("token_ids").is_none(), "{plain}");
     h.server.shutdown().await;
 }
+
+/// The sum of a histogram in the simulator's `/metrics` (simulated seconds).
+async fn histogram_sum(h: &Harness, name: &str) -> f64 {
+    let text = h
+        .http
+        .get(format!("{}/metrics", h.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let prefix = format!("{name}_sum{{");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("{prefix} missing in\n{text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Real seconds from the request's send to its first body frame and to its
+/// end, and the body.
+async fn timed(h: &Harness, path: &str, body: &Value) -> (f64, f64, String) {
+    let start = std::time::Instant::now();
+    let mut resp = timeout(
+        WAIT,
+        h.http.post(format!("{}{path}", h.base)).json(body).send(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut first = None;
+    let mut text = String::new();
+    while let Some(frame) = timeout(WAIT, resp.chunk()).await.unwrap().unwrap() {
+        first.get_or_insert_with(|| start.elapsed().as_secs_f64());
+        text.push_str(std::str::from_utf8(&frame).unwrap());
+    }
+    (first.unwrap(), start.elapsed().as_secs_f64(), text)
+}
+
+/// Like vLLM, nothing of a response reaches the client before the step that
+/// produced it has run: not the chat role chunk before the prefill, not a
+/// token before its step's simulated time has passed. Checked against the
+/// simulator's own clock: `real elapsed × time_scale` at the client can
+/// only be at least the simulated TTFT / end-to-end time the engine
+/// reports for the request (a lower bound: sleeps never end early; one
+/// request at a time so each histogram sum grows by that request alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_arrive_only_after_their_steps_have_run() {
+    let mut cfg = config(4096, 8192);
+    // A cold ~2,100-token prefill takes ~5 simulated ms: ~100 real ms.
+    cfg.time_scale = 0.05;
+    let scale = cfg.time_scale;
+    let h = Harness::start(cfg).await;
+    // Floating-point slack of the clock conversions, in simulated seconds.
+    let slack = 1e-9;
+    let system = long_system_prompt();
+    let cases = [
+        (
+            "/v1/chat/completions",
+            json!({"model": "sim-model", "max_tokens": 4, "ignore_eos": true, "stream": true,
+                   "messages": [{"role": "system", "content": format!("chat stream. {system}")},
+                                {"role": "user", "content": "hi"}]}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "sim-model", "max_tokens": 4, "ignore_eos": true, "stream": true,
+                   "prompt": format!("completion stream. {system}")}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "sim-model", "max_tokens": 1,
+                   "messages": [{"role": "system", "content": format!("whole response. {system}")},
+                                {"role": "user", "content": "hi"}]}),
+        ),
+    ];
+    for (path, body) in cases {
+        let ttft_before = histogram_sum(&h, "vllm:time_to_first_token_seconds").await;
+        let e2e_before = histogram_sum(&h, "vllm:e2e_request_latency_seconds").await;
+        let (first, end, text) = timed(&h, path, &body).await;
+        let ttft = histogram_sum(&h, "vllm:time_to_first_token_seconds").await - ttft_before;
+        let e2e = histogram_sum(&h, "vllm:e2e_request_latency_seconds").await - e2e_before;
+        // A cold prefill of this size is long on the simulated clock.
+        assert!(ttft > 0.004, "{path}: simulated TTFT {ttft}");
+        assert!(
+            first * scale + slack >= ttft,
+            "{path}: first bytes after {first} s real = {} s simulated, before the simulated TTFT {ttft} s: {text}",
+            first * scale
+        );
+        assert!(
+            end * scale + slack >= e2e,
+            "{path}: complete after {} s simulated, before the simulated end {e2e} s",
+            end * scale
+        );
+        if body["stream"] == true {
+            // The first event already carries the role (chat); content
+            // follows in the same step's frame.
+            assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+            let events: Vec<Value> = text
+                .split("\n\n")
+                .filter(|e| !e.is_empty() && *e != "data: [DONE]")
+                .map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap())
+                .collect();
+            let chat = path.contains("chat");
+            assert_eq!(events.len(), 4 + usize::from(chat), "{text}");
+            if chat {
+                assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+            }
+            let last = &events.last().unwrap()["choices"][0];
+            assert_eq!(last["finish_reason"], "length", "{text}");
+        }
+    }
+    h.server.shutdown().await;
+}

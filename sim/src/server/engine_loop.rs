@@ -1,6 +1,11 @@
 //! The task that owns the engine: takes commands, steps the engine against
 //! a scaled real clock, streams tokens to request handlers and publishes
 //! each step's KV events as one batch.
+//!
+//! A step's tokens are handed out only once the step's simulated time has
+//! passed, as vLLM's engine core returns a step's outputs after the model
+//! ran: a first token therefore reaches the client a whole prefill after
+//! arrival, which is what TTFT calibration downstream measures.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -21,11 +26,19 @@ const BACKLOG_RETRY: Duration = Duration::from_millis(5);
 /// Pending commands before handlers wait.
 pub const COMMAND_CAPACITY: usize = 1024;
 
-/// What a request handler receives.
+/// What a request handler receives: one generated token, with how the
+/// request ended when it is the last one (the engine finishes a request only
+/// in the step that samples its last token).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Delta {
-    Token(u32),
-    Finished { reason: FinishReason, usage: Usage },
+pub struct Delta {
+    pub token_id: u32,
+    pub finish: Option<Finish>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Finish {
+    pub reason: FinishReason,
+    pub usage: Usage,
 }
 
 pub enum Command {
@@ -108,30 +121,39 @@ impl EngineLoop {
             let Some(out) = self.engine.step(self.clock.now()) else {
                 continue;
             };
+            // Events go out when the step is scheduled (vLLM's scheduler
+            // publishes from `schedule()`); tokens only after it has run.
             if !out.events.is_empty() {
                 self.publish(&out.events).await;
             }
-            for t in &out.tokens {
-                self.deliver(&mut streams, t.id, Delta::Token(t.token_id));
-            }
-            for f in &out.finished {
-                self.metrics.observe_finished(f);
-                self.deliver(
-                    &mut streams,
-                    f.id,
-                    Delta::Finished {
-                        reason: f.reason,
-                        usage: f.usage,
-                    },
-                );
-            }
-            self.flush_backlogs(&mut streams);
-            self.metrics.observe_stats(&self.engine.stats());
             if out.duration_s > 0.0 {
                 tokio::time::sleep(self.clock.real(out.duration_s)).await;
             } else {
                 tokio::task::yield_now().await;
             }
+            let finishes: HashMap<RequestId, Finish> = out
+                .finished
+                .iter()
+                .map(|f| {
+                    let finish = Finish {
+                        reason: f.reason,
+                        usage: f.usage,
+                    };
+                    (f.id, finish)
+                })
+                .collect();
+            for f in &out.finished {
+                self.metrics.observe_finished(f);
+            }
+            for t in &out.tokens {
+                let delta = Delta {
+                    token_id: t.token_id,
+                    finish: finishes.get(&t.id).copied(),
+                };
+                self.deliver(&mut streams, t.id, delta);
+            }
+            self.flush_backlogs(&mut streams);
+            self.metrics.observe_stats(&self.engine.stats());
         }
     }
 
@@ -186,7 +208,7 @@ impl EngineLoop {
         let Some(stream) = streams.get_mut(&id) else {
             return;
         };
-        let finished = matches!(delta, Delta::Finished { .. });
+        let finished = delta.finish.is_some();
         stream.backlog.push_back(delta);
         match drain(stream) {
             Drained::Closed => {
@@ -208,7 +230,7 @@ impl EngineLoop {
             if s.backlog.is_empty() {
                 return true;
             }
-            let done = matches!(s.backlog.back(), Some(Delta::Finished { .. }));
+            let done = s.backlog.back().is_some_and(|d| d.finish.is_some());
             match drain(s) {
                 Drained::Closed => {
                     gone.push(id);

@@ -7,15 +7,16 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use bytes::BytesMut;
 use kvsteer_tokenize::{ChatRequest, CompletionPrompt};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::engine_loop::{Command, Delta, STREAM_CAPACITY};
+use super::engine_loop::{Command, Delta, Finish, STREAM_CAPACITY};
 use super::error::ApiError;
 use super::openai::{Api, ResponseMeta, SSE_DONE, SamplingParams, sse_data, with_token_ids};
 use super::routes::{Shared, parse_json, unix_now};
-use crate::engine::{FinishReason, SimRequest, Usage};
+use crate::engine::SimRequest;
 
 fn tokenize_error(e: kvsteer_tokenize::Error) -> ApiError {
     match e {
@@ -139,7 +140,13 @@ async fn generate(state: Shared, api: Api, body: Bytes) -> Result<Response, ApiE
     }
 }
 
-/// A whole response; `prompt` (its token ids) when the request asked for ids.
+/// The text of a generated (filler) token.
+fn text_of(state: &Shared, id: u32) -> &str {
+    state.token_text.get(&id).map_or("", String::as_str)
+}
+
+/// A whole response, complete once the step of its last token has run;
+/// `prompt` (its token ids) when the request asked for ids.
 async fn collect_response(
     state: Shared,
     meta: ResponseMeta,
@@ -149,18 +156,14 @@ async fn collect_response(
     let mut text = String::new();
     let mut ids = Vec::new();
     while let Some(delta) = rx.recv().await {
-        match delta {
-            Delta::Token(id) => {
-                text.push_str(state.token_text.get(&id).map_or("", String::as_str));
-                ids.push(id);
+        text.push_str(text_of(&state, delta.token_id));
+        ids.push(delta.token_id);
+        if let Some(Finish { reason, usage }) = delta.finish {
+            let mut body = meta.full(&text, reason, &usage);
+            if let Some(prompt) = &prompt {
+                body = with_token_ids(body, &ids, Some(prompt));
             }
-            Delta::Finished { reason, usage } => {
-                let mut body = meta.full(&text, reason, &usage);
-                if let Some(prompt) = &prompt {
-                    body = with_token_ids(body, &ids, Some(prompt));
-                }
-                return Ok(axum::Json(body).into_response());
-            }
+            return Ok(axum::Json(body).into_response());
         }
     }
     Err(ApiError::unavailable(
@@ -168,8 +171,10 @@ async fn collect_response(
     ))
 }
 
-/// SSE like vLLM: (chat) a role chunk first, one chunk per token (the last
-/// one carries `finish_reason`), the usage chunk if asked, `[DONE]`.
+/// SSE like vLLM's stream generators: nothing until the first token exists
+/// (after the prefill), then (chat) the role chunk together with the first
+/// token's chunk, one chunk per token as its step completes (the last one
+/// carries `finish_reason`), the usage chunk if asked, `[DONE]`.
 fn stream_response(
     state: Shared,
     meta: ResponseMeta,
@@ -178,53 +183,28 @@ fn stream_response(
 ) -> Response {
     let (tx, body_rx) = mpsc::channel::<Result<Bytes, std::convert::Infallible>>(STREAM_CAPACITY);
     tokio::spawn(async move {
-        let text = |id: u32| state.token_text.get(&id).map_or("", String::as_str);
-        // One token's chunk, with its id when asked.
-        let token = |id: Option<u32>, reason: Option<FinishReason>| {
-            let chunk = meta.chunk(Some(id.map_or("", text)), false, reason);
-            match id {
-                Some(id) if params.return_token_ids => with_token_ids(chunk, &[id], None),
-                _ => chunk,
-            }
-        };
-        if meta.api == Api::Chat
-            && tx
-                .send(Ok(sse_data(&meta.chunk(Some(""), true, None))))
-                .await
-                .is_err()
-        {
-            return;
-        }
-        let mut held: Option<u32> = None;
-        let mut finish: Option<(FinishReason, Usage)> = None;
+        let mut first = true;
         while let Some(delta) = rx.recv().await {
-            match delta {
-                Delta::Token(id) => {
-                    if let Some(prev) = held.replace(id)
-                        && tx
-                            .send(Ok(sse_data(&token(Some(prev), None))))
-                            .await
-                            .is_err()
-                    {
-                        return;
-                    }
-                }
-                Delta::Finished { reason, usage } => {
-                    finish = Some((reason, usage));
-                    break;
-                }
+            // The chunks of one step leave as one body frame.
+            let mut frame = BytesMut::new();
+            if first && meta.api == Api::Chat {
+                frame.extend_from_slice(&sse_data(&meta.chunk(Some(""), true, None)));
             }
-        }
-        let Some((reason, usage)) = finish else {
-            return;
-        };
-        let mut tail = vec![sse_data(&token(held, Some(reason)))];
-        if params.include_usage {
-            tail.push(sse_data(&meta.usage_chunk(&usage)));
-        }
-        tail.push(Bytes::from_static(SSE_DONE.as_bytes()));
-        for chunk in tail {
-            if tx.send(Ok(chunk)).await.is_err() {
+            first = false;
+            let reason = delta.finish.map(|f| f.reason);
+            let mut chunk = meta.chunk(Some(text_of(&state, delta.token_id)), false, reason);
+            if params.return_token_ids {
+                chunk = with_token_ids(chunk, &[delta.token_id], None);
+            }
+            frame.extend_from_slice(&sse_data(&chunk));
+            let done = delta.finish.is_some();
+            if let Some(Finish { usage, .. }) = delta.finish {
+                if params.include_usage {
+                    frame.extend_from_slice(&sse_data(&meta.usage_chunk(&usage)));
+                }
+                frame.extend_from_slice(SSE_DONE.as_bytes());
+            }
+            if tx.send(Ok(frame.freeze())).await.is_err() || done {
                 return;
             }
         }
