@@ -239,11 +239,30 @@ async fn streams_arrive_byte_identical_and_disconnects_leave_no_load() {
         .await
         .expect("relay");
 
+    // Where steering sends a cold request depends on the calibrated rates
+    // (the relay makes w1 look slower), so w1 first caches a long prefix,
+    // sent to it directly; requests sharing it are then steered to w1.
+    c.wait_streams_live(3).await.expect("streams live again");
+    let system = json!({"role": "system", "content": system_prompt("relay")});
+    let warm = chat_body(
+        MODEL,
+        &json!([system, {"role": "user", "content": "warm"}]),
+        4,
+    );
+    let r = send_chat(
+        &c.client,
+        &c.worker_url(0, "/v1/chat/completions"),
+        &warm,
+        &[],
+    )
+    .await
+    .expect("warm w1");
+    assert_eq!(r.status, 200);
     let mut received = Vec::new();
-    for i in 0..6 {
+    for i in 0..60 {
         let body = chat_body(
             MODEL,
-            &json!([{"role": "user", "content": format!("stream {i}")}]),
+            &json!([system, {"role": "user", "content": format!("stream {i}")}]),
             24,
         );
         let r = send_chat(&c.client, &c.envoy_url("/v1/chat/completions"), &body, &[])
@@ -252,9 +271,12 @@ async fn streams_arrive_byte_identical_and_disconnects_leave_no_load() {
         assert_eq!(r.status, 200);
         if r.worker.as_deref() == Some("w1") {
             received.push(r.body.clone());
+            if received.len() == 2 {
+                break;
+            }
         }
     }
-    assert!(!received.is_empty(), "no request reached w1");
+    assert!(!received.is_empty(), "no request of 60 reached w1");
     let sent = recorder.response_bodies().expect("recorded");
     for body in &received {
         assert!(
