@@ -2,7 +2,8 @@
 //!
 //! A request's path: [`grpc`] (proto) → [`prompt`] (domain types) →
 //! [`picker`] (tokenize → [`keys`] → [`index`] lookup → [`scoring`]) →
-//! endpoints. Reports come back through [`report`] into [`load`]; KV events
+//! endpoints. Reports come back through [`report`] into the [`ledger`] (one
+//! entry per request, from pick to its terminal report); KV events
 //! come in through [`streams`]; engine queues through [`scrape`].
 #![forbid(unsafe_code)]
 
@@ -12,11 +13,12 @@ pub mod config;
 pub mod grpc;
 pub mod index;
 pub mod keys;
-pub mod load;
+pub mod ledger;
 pub mod metrics;
 pub mod picker;
 pub mod prompt;
 pub mod report;
+pub mod routes;
 pub mod scoring;
 pub mod scrape;
 pub mod streams;
