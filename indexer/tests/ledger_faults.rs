@@ -19,7 +19,7 @@ use tonic::transport::Channel;
 const MODEL: &str = "m";
 /// Outer rounds of the template's spin for a slow pick (seconds of
 /// rendering); the tests act well within the first of them.
-const SLOW: u32 = 3_000;
+const SLOW: u32 = 1_000;
 /// How long a test waits after sending a slow pick before acting on it:
 /// long enough for the request to reach its handler, far shorter than
 /// the pick.
