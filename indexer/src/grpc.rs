@@ -151,18 +151,6 @@ impl Router for RouterService {
         let abandon = Abandon::new(&self.picker.metrics, deadline);
         let req = request.into_inner();
         let mut out = self.picker.pick(pick_input(&req), Mode::Deferred).await;
-        let placement = out.placement.take();
-        if !abandon.expired() {
-            // Where a reset stream (the caller gone) drops this future.
-            tokio::task::yield_now().await;
-        }
-        if abandon.expired() {
-            tracing::debug!(request_id = %req.request_id, "pick past its deadline: not committed");
-            return Err(Status::deadline_exceeded(
-                "pick took longer than the call's grpc-timeout",
-            ));
-        }
-        abandon.disarm();
         tracing::debug!(
             request_id = %req.request_id,
             client_request_id = %req.client_request_id,
@@ -174,9 +162,23 @@ impl Router for RouterService {
             degraded = out.decision.degraded,
             "pick"
         );
-        if let Some(placement) = placement {
-            self.picker.commit(placement);
+        // Nothing to commit (no choice): the answer is all there is.
+        let Some(placement) = out.placement.take() else {
+            abandon.disarm();
+            return Ok(Response::new(pick_response(out)));
+        };
+        if !abandon.expired() {
+            // Where a reset stream (the caller gone) drops this future.
+            tokio::task::yield_now().await;
         }
+        if abandon.expired() {
+            tracing::debug!(request_id = %req.request_id, "pick past its deadline: not committed");
+            return Err(Status::deadline_exceeded(
+                "pick took longer than the call's grpc-timeout",
+            ));
+        }
+        abandon.disarm();
+        self.picker.commit(placement);
         Ok(Response::new(pick_response(out)))
     }
 

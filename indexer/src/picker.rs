@@ -421,6 +421,9 @@ impl Picker {
             placement: None,
         };
 
+        if mode == Mode::DryRun {
+            return outcome;
+        }
         let placement = Placement {
             request_id: target.request_id.to_owned(),
             worker: chosen.worker,
@@ -434,12 +437,10 @@ impl Picker {
             at: at.now,
             start,
         };
-        match mode {
-            Mode::Commit => {
-                self.commit(placement);
-            }
-            Mode::Deferred => outcome.placement = Some(placement),
-            Mode::DryRun => {}
+        if mode == Mode::Deferred {
+            outcome.placement = Some(placement);
+        } else {
+            self.commit(placement);
         }
         outcome
     }
