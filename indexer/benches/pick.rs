@@ -5,7 +5,7 @@
 //!
 //! `cargo bench -p kvsteer-indexer --bench pick`
 
-use kvsteer_indexer::{app::build_picker, picker::Mode, report::ReportKind};
+use kvsteer_indexer::{app::build_picker, picker::Mode, report::Report};
 use kvsteer_tokenize::{ChatRequest, PromptTokenizer};
 use prometheus_client::registry::Registry;
 use rand::{SeedableRng, rngs::SmallRng};
@@ -38,7 +38,7 @@ fn main() {
         let start = Instant::now();
         let out = rt.block_on(picker.pick(input, Mode::Commit));
         let took = start.elapsed();
-        picker.report(&id, ReportKind::Done, 0.0, Instant::now());
+        picker.report(&Report::done(&id, 0.0), Instant::now());
         (took, out)
     };
 

@@ -24,7 +24,7 @@ use kvsteer_indexer::index::redis::{LookupMode, RedisBackend, RedisConfig, Redis
 use kvsteer_indexer::index::{IndexBackend, KeyOp, Tier, WorkerId};
 use kvsteer_indexer::keys::{BlockKey, KeyContext, prompt_keys};
 use kvsteer_indexer::picker::Mode;
-use kvsteer_indexer::report::ReportKind;
+use kvsteer_indexer::report::Report;
 use kvsteer_tokenize::PromptTokenizer;
 use prometheus_client::registry::Registry;
 use rand::rngs::SmallRng;
@@ -318,7 +318,7 @@ async fn picks(server: &RedisServer) {
             took.push(start.elapsed());
             matched = out.decision.matched_tokens;
             degraded += u32::from(out.decision.degraded);
-            picker.report(&id, ReportKind::Done, 0.0, Instant::now());
+            picker.report(&Report::done(&id, 0.0), Instant::now());
         }
         let [p50, p90, p99] = percentiles(took);
         println!(

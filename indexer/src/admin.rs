@@ -102,7 +102,8 @@ async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
 }
 
 async fn workers(State(s): State<AdminState>) -> Json<Value> {
-    let loads = s.picker.load.snapshot();
+    let loads = s.picker.ledger.snapshot();
+    let ledger = s.picker.ledger.stats();
     let down_after = s.picker.down_after();
     let list: Vec<Value> = s
         .workers
@@ -139,7 +140,17 @@ async fn workers(State(s): State<AdminState>) -> Json<Value> {
             })
         })
         .collect();
-    Json(json!({ "workers": list }))
+    Json(json!({
+        "workers": list,
+        "ledger": {
+            "entries": ledger.entries,
+            "tombstones": ledger.tombstones,
+            "queued_blocks": ledger.queued_blocks,
+            "expired": ledger.expired,
+            "late_picks": ledger.late_picks,
+            "tombstones_evicted": ledger.tombstones_evicted,
+        },
+    }))
 }
 
 async fn score(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {

@@ -14,7 +14,6 @@ use crate::{
             lease::{self, LeaseBoard},
         },
     },
-    load::LoadTracker,
     metrics::Metrics,
     picker::Picker,
     scrape, streams,
@@ -133,17 +132,11 @@ pub fn build_picker_on(
         let block_size = cfg.model(&w.cfg.model).map_or(16, |m| m.block_size);
         index.register_worker(w.id, &w.cfg.model, block_size);
     }
-    let load = Arc::new(LoadTracker::new(
-        workers.len(),
-        cfg.scoring.prefill_rate_prior,
-        Duration::from_secs(cfg.scoring.in_flight_ttl_s),
-    ));
     let picker = Arc::new(Picker::new(
         cfg,
         tokenizers,
         index.clone(),
         workers.clone(),
-        load,
         metrics.clone(),
     ));
     (picker, workers, index, metrics)
@@ -401,8 +394,8 @@ async fn redis_upkeep(
     }
 }
 
-/// Every scrape interval: scrape worker metrics, expire stale in-flight
-/// entries, refresh gauges.
+/// Every scrape interval: scrape worker metrics, expire stale ledger
+/// entries and tombstones (the only place they expire), refresh gauges.
 async fn housekeeping(picker: Arc<Picker>, cfg: Config, mut shutdown: watch::Receiver<bool>) {
     let client = scrape::http_client();
     let timeout = Duration::from_millis(cfg.scrape.timeout_ms);
@@ -427,9 +420,7 @@ async fn housekeeping(picker: Arc<Picker>, cfg: Config, mut shutdown: watch::Rec
             })
         });
         futures::future::join_all(scrapes).await;
-        let expired = picker.load.expire(Instant::now());
-        picker.metrics.in_flight_expired.inc_by(expired as u64);
-        let loads = picker.load.snapshot();
+        picker.sweep_ledger(Instant::now());
         for w in workers.iter() {
             let labels = Metrics::worker(&w.cfg.name);
             let up = w.is_up(cfg.scrape.down_after);
@@ -438,12 +429,6 @@ async fn housekeeping(picker: Arc<Picker>, cfg: Config, mut shutdown: watch::Rec
                 .worker_up
                 .get_or_create(&labels)
                 .set(i64::from(up));
-            let in_flight = loads.get(w.id as usize).map_or(0, |l| l.in_flight);
-            picker
-                .metrics
-                .in_flight
-                .get_or_create(&labels)
-                .set(i64::from(in_flight));
         }
     }
 }

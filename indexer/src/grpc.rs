@@ -1,20 +1,43 @@
 //! The tonic `Router` service: proto in, [`Picker`] calls, proto out.
+//!
+//! A pick is committed (recorded in flight) as the last step of its
+//! handler, and only while its caller still waits for it: Envoy's gRPC
+//! client sends the call's timeout as `grpc-timeout` (`Grpc::Common::
+//! prepareHeaders` with the call's `timeout`) and resets the stream when
+//! it gives up, as it does when the HTTP request behind the call goes
+//! away. Hyper drops a handler's future whose stream was reset, and
+//! tonic's own timeout drops it once `grpc-timeout` has passed, but both
+//! only at an await point: a long tokenization runs to the end in one
+//! poll. So the handler yields once before committing (a reset stream is
+//! noticed there), and does not commit past its deadline.
 
 use crate::{
+    metrics::{AbandonLabels, Metrics},
     picker::{Mode, Outcome, PickInput, Picker},
     prompt,
-    report::ReportKind,
+    report::{Report, ReportKind},
 };
 use kvsteer_proto::v1::{
     self as pb,
     router_server::{Router, RouterServer},
 };
-use std::{sync::Arc, time::Instant};
-use tonic::{Request, Response, Status};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+use tonic::{Request, Response, Status, metadata::MetadataMap};
 
 #[derive(Clone)]
 pub struct RouterService {
     picker: Arc<Picker>,
+}
+
+/// Counts a pick abandoned unless [`Self::disarm`]ed: when the handler's
+/// future is dropped (its caller went away), or returns past its deadline.
+struct Abandon<'a> {
+    metrics: &'a Metrics,
+    deadline: Option<Instant>,
+    armed: bool,
 }
 
 // === impl RouterService ===
@@ -57,16 +80,80 @@ pub fn pick_response(out: Outcome) -> pb::PickResponse {
     }
 }
 
+/// The call's `grpc-timeout` (gRPC over HTTP/2: at most 8 digits and a
+/// unit); `None` when absent or malformed (no deadline then, as tonic).
+pub fn grpc_timeout(metadata: &MetadataMap) -> Option<Duration> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let split = value.len().checked_sub(1)?;
+    let (digits, unit) = value.split_at(split);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+// === impl Abandon ===
+
+impl<'a> Abandon<'a> {
+    fn new(metrics: &'a Metrics, deadline: Option<Instant>) -> Self {
+        Self {
+            metrics,
+            deadline,
+            armed: true,
+        }
+    }
+
+    fn expired(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let reason = if self.expired() {
+            "deadline"
+        } else {
+            "cancelled"
+        };
+        self.metrics
+            .pick_abandoned
+            .get_or_create(&AbandonLabels { reason })
+            .inc();
+        tracing::debug!(reason, "pick not committed");
+    }
+}
+
 #[tonic::async_trait]
 impl Router for RouterService {
     async fn pick(
         &self,
         request: Request<pb::PickRequest>,
     ) -> Result<Response<pb::PickResponse>, Status> {
+        // From here: the body is in, so the caller's clock started a little
+        // earlier (tonic's own timeout counts from the headers).
+        let deadline = grpc_timeout(request.metadata()).map(|t| Instant::now() + t);
+        let abandon = Abandon::new(&self.picker.metrics, deadline);
         let req = request.into_inner();
-        let out = self.picker.pick(pick_input(&req), Mode::Commit).await;
+        let mut out = self.picker.pick(pick_input(&req), Mode::Deferred).await;
         tracing::debug!(
             request_id = %req.request_id,
+            client_request_id = %req.client_request_id,
             model = %req.model,
             worker = %out.decision.worker,
             prompt_tokens = out.decision.prompt_tokens,
@@ -75,6 +162,23 @@ impl Router for RouterService {
             degraded = out.decision.degraded,
             "pick"
         );
+        // Nothing to commit (no choice): the answer is all there is.
+        let Some(placement) = out.placement.take() else {
+            abandon.disarm();
+            return Ok(Response::new(pick_response(out)));
+        };
+        if !abandon.expired() {
+            // Where a reset stream (the caller gone) drops this future.
+            tokio::task::yield_now().await;
+        }
+        if abandon.expired() {
+            tracing::debug!(request_id = %req.request_id, "pick past its deadline: not committed");
+            return Err(Status::deadline_exceeded(
+                "pick took longer than the call's grpc-timeout",
+            ));
+        }
+        abandon.disarm();
+        self.picker.commit(placement);
         Ok(Response::new(pick_response(out)))
     }
 
@@ -94,8 +198,49 @@ impl Router for RouterService {
                 )));
             }
         };
-        self.picker
-            .report(&r.request_id, kind, r.elapsed_ms, Instant::now());
+        if r.request_id.is_empty() {
+            return Err(Status::invalid_argument("request_id: empty"));
+        }
+        let report = Report {
+            request_id: &r.request_id,
+            kind,
+            elapsed_ms: r.elapsed_ms,
+            ttft_measured: r.ttft_measured,
+            first_token_ms: if kind == ReportKind::Done {
+                r.first_token_ms
+            } else {
+                None
+            },
+        };
+        self.picker.report(&report, Instant::now());
         Ok(Response::new(pb::ReportResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timeout(value: &str) -> Option<Duration> {
+        let mut m = MetadataMap::new();
+        m.insert("grpc-timeout", value.parse().unwrap());
+        grpc_timeout(&m)
+    }
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_spec_writes_them() {
+        assert_eq!(timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(timeout("3S"), Some(Duration::from_secs(3)));
+        assert_eq!(timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(
+            timeout("99999999u"),
+            Some(Duration::from_micros(99_999_999))
+        );
+        assert_eq!(timeout("5n"), Some(Duration::from_nanos(5)));
+        for bad in ["", "m", "123456789m", "12x", "-1m", "1.5S", "+5m"] {
+            assert_eq!(timeout(bad), None, "{bad:?}");
+        }
+        assert_eq!(grpc_timeout(&MetadataMap::new()), None);
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! A request's path: [`grpc`] (proto) → [`prompt`] (domain types) →
 //! [`picker`] (tokenize, bounded by [`encode`] → [`keys`] → [`index`]
-//! lookup → [`scoring`]) →
-//! endpoints. Reports come back through [`report`] into [`load`]; KV events
+//! lookup → [`scoring`]) → endpoints. Reports come back through [`report`]
+//! into the [`ledger`] (one entry per request, from pick to its terminal
+//! report); KV events
 //! come in through [`streams`]; engine queues through [`scrape`].
 #![forbid(unsafe_code)]
 
@@ -14,11 +15,12 @@ pub mod encode;
 pub mod grpc;
 pub mod index;
 pub mod keys;
-pub mod load;
+pub mod ledger;
 pub mod metrics;
 pub mod picker;
 pub mod prompt;
 pub mod report;
+pub mod routes;
 pub mod scoring;
 pub mod scrape;
 pub mod streams;

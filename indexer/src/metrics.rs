@@ -33,6 +33,13 @@ pub struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AbandonLabels {
+    /// `deadline`, `cancelled` (the caller went away), `reported` (its
+    /// terminal report came first).
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WorkerLabels {
     pub worker: String,
 }
@@ -81,6 +88,16 @@ pub struct Metrics {
     pub engines_lost: Family<WorkerLabels, Counter>,
     pub worker_up: Family<WorkerLabels, Gauge>,
     pub prefill_rate: Family<WorkerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// Picks answered (or not) but not recorded in the ledger, by reason.
+    pub pick_abandoned: Family<AbandonLabels, Counter>,
+    /// Reports that matched no ledger entry (or a finished one), by kind.
+    pub reports_unmatched: Family<KindLabels, Counter>,
+    pub ledger_entries: Gauge,
+    pub ledger_tombstones: Gauge,
+    /// Tombstones dropped by their capacity bound before their TTL.
+    pub tombstones_evicted: Counter,
+    /// Picks without a model, steered as the only model served.
+    pub model_defaulted: Counter,
 }
 
 fn seconds_buckets() -> impl Iterator<Item = f64> {
@@ -139,6 +156,12 @@ impl Metrics {
             engines_lost: Family::default(),
             worker_up: Family::default(),
             prefill_rate: Family::default(),
+            pick_abandoned: Family::default(),
+            reports_unmatched: Family::default(),
+            ledger_entries: Gauge::default(),
+            ledger_tombstones: Gauge::default(),
+            tombstones_evicted: Counter::default(),
+            model_defaulted: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("kvsteer");
         r.register(
@@ -277,6 +300,36 @@ impl Metrics {
             "prefill_rate_tokens_per_second",
             "Calibrated prefill rate",
             m.prefill_rate.clone(),
+        );
+        r.register(
+            "pick_abandoned",
+            "Picks not recorded in flight: deadline passed, caller gone, or terminal report first",
+            m.pick_abandoned.clone(),
+        );
+        r.register(
+            "reports_unmatched",
+            "Reports for a request without a ledger entry (ended, expired, not picked yet)",
+            m.reports_unmatched.clone(),
+        );
+        r.register(
+            "ledger_entries",
+            "Requests in the ledger (picked, no terminal report yet)",
+            m.ledger_entries.clone(),
+        );
+        r.register(
+            "ledger_tombstones",
+            "Terminal reports kept for picks that have not committed yet",
+            m.ledger_tombstones.clone(),
+        );
+        r.register(
+            "ledger_tombstones_evicted",
+            "Tombstones dropped by the capacity bound before their TTL",
+            m.tombstones_evicted.clone(),
+        );
+        r.register(
+            "model_defaulted",
+            "Picks without a model steered as the only model served",
+            m.model_defaulted.clone(),
         );
         m
     }

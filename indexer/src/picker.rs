@@ -6,9 +6,10 @@ use crate::{
     encode::{Encoder, Limits, Unread},
     index::{Index, WorkerMatch},
     keys::{BlockKey, KeyContext, prompt_keys},
-    load::{LoadTracker, LocalLoad, Pending, RouteMemory, WorkerRoutes},
-    metrics::{Metrics, PickLabels, ReasonLabels},
+    ledger::{Entry, Ledger, LocalLoad, Opened},
+    metrics::{AbandonLabels, Metrics, PickLabels, ReasonLabels},
     prompt::Prompt,
+    routes::{RouteMemory, WorkerRoutes},
     scoring::{self, Prediction, Request, ScrapedLoad, Turn, WorkerView},
     workers::Workers,
 };
@@ -19,7 +20,7 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering::Relaxed},
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 /// One model: its tokenizer, key context and workers.
@@ -40,7 +41,8 @@ pub struct Picker {
     models: HashMap<String, Model>,
     index: Index,
     pub(crate) workers: Arc<Workers>,
-    pub(crate) load: Arc<LoadTracker>,
+    /// One entry per picked request until its terminal report.
+    pub(crate) ledger: Ledger,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) routes: RouteMemory,
     counter: AtomicUsize,
@@ -104,6 +106,10 @@ struct Target<'a> {
 pub enum Mode {
     /// A real pick: records in-flight load, advances round-robin, counts metrics.
     Commit,
+    /// A real pick whose caller commits it: [`Outcome::placement`] holds
+    /// the commit for [`Picker::commit`] (the gRPC handler, once it knows
+    /// its caller is still there).
+    Deferred,
     /// `/debug/score`: changes no state.
     DryRun,
 }
@@ -137,6 +143,37 @@ pub struct Outcome {
     pub decision: Decision,
     /// Every worker of the model, in configuration order.
     pub candidates: Vec<Candidate>,
+    /// [`Mode::Deferred`]: what [`Picker::commit`] records (`None` when
+    /// there is nothing to record: no choice).
+    pub placement: Option<Placement>,
+}
+
+/// A pick not yet committed: what the ledger, the route memory and the
+/// pick metrics record of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    request_id: String,
+    worker: usize,
+    keys: Vec<BlockKey>,
+    prediction: Prediction,
+    tenant: String,
+    policy: &'static str,
+    degraded: Option<&'static str>,
+    prompt_tokens: u32,
+    matched_tokens: u32,
+    /// The pick's moment (stamps the entry and the routes).
+    at: Instant,
+    /// Wall time the pick started, for the latency histogram.
+    start: Instant,
+}
+
+/// What [`Picker::commit`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Committed {
+    /// Recorded: in flight on its worker until its terminal report.
+    Recorded,
+    /// Its terminal report came first: nothing recorded.
+    Reported,
 }
 
 pub fn policy_name(p: Policy) -> &'static str {
@@ -170,7 +207,6 @@ impl Picker {
         tokenizers: HashMap<String, Arc<PromptTokenizer>>,
         index: Index,
         workers: Arc<Workers>,
-        load: Arc<LoadTracker>,
         metrics: Arc<Metrics>,
     ) -> Self {
         let models = cfg
@@ -200,16 +236,22 @@ impl Picker {
             cfg.tokenize.max_concurrent_large,
             metrics.clone(),
         );
+        let ledger = Ledger::new(
+            workers.len(),
+            cfg.scoring.prefill_rate_prior,
+            Duration::from_secs(cfg.scoring.in_flight_ttl_s),
+            ROUTE_ENTRIES,
+        );
         Self {
             encoder,
             routes,
+            ledger,
             policy: cfg.scoring.policy,
             scoring: cfg.scoring.clone(),
             down_after: cfg.scrape.down_after,
             models,
             index,
             workers,
-            load,
             metrics,
             counter: AtomicUsize::new(0),
         }
@@ -223,8 +265,8 @@ impl Picker {
         &self.scoring
     }
 
-    pub fn load(&self) -> &LoadTracker {
-        &self.load
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
     }
 
     pub fn model(&self, name: &str) -> Option<&Model> {
@@ -261,9 +303,9 @@ impl Picker {
         // Tokenized before `place` (which only needs the result) so that
         // the encode may run off this thread; unknown models and models
         // without workers are answered by `place` without tokenizing.
-        let ids = match (self.models.get(&model), prompt) {
+        let ids = match (self.resolve_model(&model), prompt) {
             (_, Err(e)) => Err(Unread::Failed(e)),
-            (Some(m), Ok(p)) if !m.workers.is_empty() => self.tokenize(m, p).await,
+            (Ok((_, m)), Ok(p)) if !m.workers.is_empty() => self.tokenize(m, p).await,
             (_, Ok(_)) => Ok(Vec::new()),
         };
         self.place(target, |_| ids, mode, PickAt::now()).await
@@ -313,10 +355,18 @@ impl Picker {
         let start = target.start;
         let policy = policy_name(self.policy);
         let tenant = self.metrics.tenant_label(target.tenant);
-        let Some(model) = self.models.get(target.model) else {
-            let out = empty(policy, format!("unknown_model: {:?}", target.model));
-            self.count(mode, policy, "unknown_model", &tenant, start);
-            return out;
+        let model = match self.resolve_model(target.model) {
+            Ok((name, model)) => {
+                if name != target.model && mode != Mode::DryRun {
+                    self.metrics.model_defaulted.inc();
+                    tracing::debug!(model = %name, request_id = %target.request_id, "no model in the request: the only one served");
+                }
+                model
+            }
+            Err(reason) => {
+                self.count(mode, policy, "unknown_model", &tenant, start);
+                return empty(policy, reason);
+            }
         };
         if model.workers.is_empty() {
             self.count(mode, policy, "no_workers", &tenant, start);
@@ -340,7 +390,7 @@ impl Picker {
             reason = format!("index_unavailable: {e}");
         }
         let counter = match mode {
-            Mode::Commit => self.counter.fetch_add(1, Relaxed),
+            Mode::Commit | Mode::Deferred => self.counter.fetch_add(1, Relaxed),
             Mode::DryRun => self.counter.load(Relaxed),
         };
         let turn = Turn {
@@ -371,7 +421,7 @@ impl Picker {
             return empty(policy, "no_workers".into());
         };
         let chosen = &candidates[best.index];
-        let outcome = Outcome {
+        let mut outcome = Outcome {
             endpoints: ranked
                 .iter()
                 .map(|r| candidates[r.index].endpoint.clone())
@@ -386,47 +436,101 @@ impl Picker {
                 reason,
             },
             candidates: candidates.clone(),
+            placement: None,
         };
 
-        if mode == Mode::Commit {
-            let request_id = target.request_id;
-            self.routes
-                .record(request_id, chosen.worker, &sight.keys, at.now);
-            if !request_id.is_empty() {
-                self.load.on_pick(
-                    request_id,
-                    Pending {
-                        worker: chosen.worker,
-                        prediction: best.prediction,
-                        picked_at: at.now,
-                        first_token_at: None,
-                        tenant: tenant.clone(),
-                        policy,
-                    },
-                );
-            }
-            if let Some(reason) = degraded {
-                self.metrics
-                    .degraded
-                    .get_or_create(&ReasonLabels {
-                        reason,
-                        tenant: tenant.clone(),
-                    })
-                    .inc();
-            } else {
-                self.metrics.prompt_tokens.observe(f64::from(prompt_tokens));
-                if prompt_tokens > 0 {
-                    self.metrics
-                        .matched_ratio
-                        .observe(f64::from(chosen.matched_tokens) / f64::from(prompt_tokens));
-                }
-            }
-            self.metrics
-                .predicted_ttft
-                .observe(best.prediction.ttft_ms / 1000.0);
-            self.count(mode, policy, "routed", &tenant, start);
+        if mode == Mode::DryRun {
+            return outcome;
+        }
+        let placement = Placement {
+            request_id: target.request_id.to_owned(),
+            worker: chosen.worker,
+            keys: sight.keys,
+            prediction: best.prediction,
+            tenant,
+            policy,
+            degraded,
+            prompt_tokens,
+            matched_tokens: chosen.matched_tokens,
+            at: at.now,
+            start,
+        };
+        if mode == Mode::Deferred {
+            outcome.placement = Some(placement);
+        } else {
+            self.commit(placement);
         }
         outcome
+    }
+
+    /// Records a pick: its ledger entry (in flight on its worker, its
+    /// prompt queued there until the first token), its routes and its
+    /// metrics. A pick whose terminal report came first records nothing.
+    /// The gRPC handler calls this last, once its caller is known to be
+    /// still there ([`Mode::Deferred`]).
+    pub fn commit(&self, p: Placement) -> Committed {
+        if !p.request_id.is_empty() {
+            let entry = Entry {
+                worker: p.worker,
+                prediction: p.prediction,
+                picked_at: p.at,
+                first_token_at: None,
+                tenant: p.tenant.clone(),
+                policy: p.policy,
+            };
+            if self.ledger.open(&p.request_id, entry, p.keys.clone()) == Opened::Reported {
+                self.metrics
+                    .pick_abandoned
+                    .get_or_create(&AbandonLabels { reason: "reported" })
+                    .inc();
+                tracing::debug!(request_id = %p.request_id, "pick not counted: its terminal report came first");
+                return Committed::Reported;
+            }
+        }
+        self.routes.record(p.worker, &p.keys, p.at);
+        if let Some(reason) = p.degraded {
+            self.metrics
+                .degraded
+                .get_or_create(&ReasonLabels {
+                    reason,
+                    tenant: p.tenant.clone(),
+                })
+                .inc();
+        } else {
+            self.metrics
+                .prompt_tokens
+                .observe(f64::from(p.prompt_tokens));
+            if p.prompt_tokens > 0 {
+                self.metrics
+                    .matched_ratio
+                    .observe(f64::from(p.matched_tokens) / f64::from(p.prompt_tokens));
+            }
+        }
+        self.metrics
+            .predicted_ttft
+            .observe(p.prediction.ttft_ms / 1000.0);
+        self.count(Mode::Commit, p.policy, "routed", &p.tenant, p.start);
+        Committed::Recorded
+    }
+
+    /// The request's model: by name, or the only one served when the
+    /// request names none (OpenAI clients may leave `model` out when a
+    /// server has one). Otherwise the reason the pick has no opinion.
+    fn resolve_model<'a>(&'a self, name: &'a str) -> Result<(&'a str, &'a Model), String> {
+        if let Some(model) = self.models.get(name) {
+            return Ok((name, model));
+        }
+        if !name.is_empty() {
+            return Err(format!("unknown_model: {name:?}"));
+        }
+        let mut served = self.models.iter();
+        match (served.next(), served.next()) {
+            (Some((only, model)), None) => Ok((only.as_str(), model)),
+            _ => Err(format!(
+                "unknown_model: the request names no model and {} are served",
+                self.models.len()
+            )),
+        }
     }
 
     /// The prompt's keys, where its blocks are cached, and one view per
@@ -451,8 +555,8 @@ impl Picker {
                 Err(e) => index_error = Some(e.to_string()),
             }
         }
-        let loads = self.load.snapshot();
-        let routes = self.routes.lookup(&keys, now);
+        let (loads, queued) = self.ledger.view(&keys);
+        let routes = self.routes.lookup(&keys, now, queued);
         let (found, views) = model
             .workers
             .iter()
@@ -562,6 +666,7 @@ fn empty(policy: &'static str, reason: String) -> Outcome {
             reason,
         },
         candidates: Vec::new(),
+        placement: None,
     }
 }
 
@@ -569,6 +674,7 @@ fn empty(policy: &'static str, reason: String) -> Outcome {
 mod tests {
     use super::*;
     use crate::app::build_picker;
+    use crate::report::Report;
     use prometheus_client::registry::Registry;
 
     fn picker(policy: &str) -> Arc<Picker> {
@@ -633,7 +739,7 @@ workers:
         let mut bad = input("r2", "m");
         bad.prompt = Err("tools_json: invalid JSON".into());
         let second = p.pick(bad, Mode::Commit).await;
-        assert_eq!(p.load().len(), 2);
+        assert_eq!(p.ledger().len(), 2);
         assert_ne!(first.decision.worker, second.decision.worker);
         assert_eq!(first.endpoints[0], second.endpoints[1]);
     }
@@ -644,25 +750,16 @@ workers:
         let a = p.pick(input("r1", "m"), Mode::DryRun).await;
         let b = p.pick(input("r2", "m"), Mode::DryRun).await;
         assert_eq!(a.endpoints, b.endpoints);
-        assert!(p.load().is_empty());
+        assert!(p.ledger().is_empty());
         let c = p.pick(input("r3", "m"), Mode::Commit).await;
         let d = p.pick(input("r4", "m"), Mode::Commit).await;
         assert_ne!(c.endpoints[0], d.endpoints[0]);
-        assert_eq!(p.load().len(), 2);
-        p.report(
-            "r3",
-            crate::report::ReportKind::FirstToken,
-            5.0,
-            Instant::now(),
-        );
-        p.report("r3", crate::report::ReportKind::Done, 9.0, Instant::now());
-        p.report(
-            "r4",
-            crate::report::ReportKind::Cancelled,
-            0.0,
-            Instant::now(),
-        );
-        assert!(p.load().is_empty());
+        assert_eq!(p.ledger().len(), 2);
+        let now = Instant::now();
+        p.report(&Report::first_token("r3", 5.0, true), now);
+        p.report(&Report::done("r3", 9.0), now);
+        p.report(&Report::cancelled("r4"), now);
+        assert!(p.ledger().is_empty());
     }
 
     #[tokio::test]
@@ -677,15 +774,66 @@ workers:
         // Once both have their first token (and the index shows nothing,
         // as here), the twin's prefix is no longer counted: load steers.
         for id in ["r1", "r2"] {
-            p.report(
-                id,
-                crate::report::ReportKind::FirstToken,
-                5.0,
-                Instant::now(),
-            );
+            p.report(&Report::first_token(id, 5.0, true), Instant::now());
         }
         let third = p.pick(input("r3", "m"), Mode::Commit).await;
         assert_ne!(third.decision.worker, first.decision.worker);
+    }
+
+    #[tokio::test]
+    async fn a_deferred_pick_is_recorded_only_when_committed() {
+        let p = picker("kvsteer");
+        let mut out = p.pick(input("r1", "m"), Mode::Deferred).await;
+        assert_eq!(out.endpoints.len(), 2);
+        assert!(p.ledger().is_empty(), "nothing before the commit");
+        let placement = out.placement.take().expect("a placement");
+        assert_eq!(p.commit(placement), Committed::Recorded);
+        assert_eq!(p.ledger().len(), 1);
+        // Its cancel overtakes the next pick: that one is never counted.
+        p.report(&Report::cancelled("r2"), Instant::now());
+        let mut late = p.pick(input("r2", "m"), Mode::Deferred).await;
+        assert_eq!(
+            p.commit(late.placement.take().unwrap()),
+            Committed::Reported
+        );
+        assert_eq!(p.ledger().len(), 1);
+        // Nothing to commit without a choice.
+        let unknown = p.pick(input("r3", "x"), Mode::Deferred).await;
+        assert_eq!(unknown.placement, None);
+        p.report(&Report::done("r1", 1.0), Instant::now());
+        assert!(p.ledger().is_empty());
+        assert!(p.ledger().snapshot().iter().all(|w| w.in_flight == 0));
+    }
+
+    #[tokio::test]
+    async fn a_pick_without_a_model_uses_the_only_one_served() {
+        let p = picker("kvsteer");
+        let out = p.pick(input("r1", ""), Mode::Commit).await;
+        assert_eq!(out.endpoints.len(), 2, "{:?}", out.decision);
+        assert_eq!(out.decision.prompt_tokens, 0, "no tokenizer: load only");
+        assert_eq!(p.ledger().len(), 1);
+        assert_eq!(p.metrics.model_defaulted.get(), 1);
+        // A dry run is not counted.
+        p.pick(input("r2", ""), Mode::DryRun).await;
+        assert_eq!(p.metrics.model_defaulted.get(), 1);
+
+        // Several models: no guess.
+        let cfg = Config::from_yaml(
+            "models: [{name: m, tokenizer: /nowhere}, {name: n, tokenizer: /nowhere}]
+workers:
+  - {name: a, endpoint: 127.0.0.1:1, model: m}
+  - {name: b, endpoint: 127.0.0.1:2, model: n}
+",
+        )
+        .unwrap();
+        let two = build_picker(&cfg, HashMap::new(), &mut Registry::default()).0;
+        let out = two.pick(input("r1", ""), Mode::Commit).await;
+        assert!(out.endpoints.is_empty());
+        assert_eq!(
+            out.decision.reason,
+            "unknown_model: the request names no model and 2 are served"
+        );
+        assert!(two.ledger().is_empty());
     }
 
     fn ids_input(id: &str, token_ids: Vec<u32>) -> IdsInput {
@@ -780,7 +928,7 @@ workers:
         // The queued twin shows on one worker only.
         let queued: Vec<u32> = a.views.iter().map(|v| v.queued_hit_tokens).collect();
         assert!(queued.contains(&64) && queued.contains(&0), "{queued:?}");
-        assert_eq!(p.load().len(), 1);
+        assert_eq!(p.ledger().len(), 1);
         assert!(p.sight("x", &[7; 64], None, now).await.is_none());
     }
 

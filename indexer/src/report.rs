@@ -1,8 +1,16 @@
-//! Reports from the filter: first token, done, cancelled. They release the
-//! in-flight load, feed the observed-TTFT histograms and calibrate the
-//! worker's prefill rate.
+//! Reports from the filter: first token, done, cancelled. They move the
+//! request's ledger entry to its end (releasing its load) and, when the
+//! filter measured a streamed first token, feed the observed-TTFT
+//! histograms and calibrate the worker's prefill rate.
+//!
+//! Only measured first tokens calibrate: a whole (non-streamed) response's
+//! first bytes come with its end, and its time says nothing about the
+//! prefill. A `done` without a first token before it counts as both; when
+//! it carries `first_token_ms` (a single-chunk response the filter reported
+//! once), that is its time to first token.
 
 use crate::{
+    ledger::{Entry, Finished},
     metrics::{KindLabels, Metrics, TenantLabels},
     picker::Picker,
     scoring::calibrate,
@@ -16,6 +24,31 @@ pub enum ReportKind {
     Cancelled,
 }
 
+/// One report, in domain terms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Report<'a> {
+    pub request_id: &'a str,
+    pub kind: ReportKind,
+    /// The filter's measure of the event, from forwarding (ms); not
+    /// positive: the time since the pick stands in.
+    pub elapsed_ms: f64,
+    /// The time to first token (`elapsed_ms` of a first token,
+    /// `first_token_ms` of a done) was measured on a streamed, successful
+    /// response: it may calibrate.
+    pub ttft_measured: bool,
+    /// Done only: the first token's time when no first-token report was
+    /// sent.
+    pub first_token_ms: Option<f64>,
+}
+
+/// What a first-token time was taken from.
+enum FirstToken {
+    /// The report's own `elapsed_ms`.
+    Elapsed,
+    /// A done's `first_token_ms`.
+    WithDone(f64),
+}
+
 impl ReportKind {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -26,61 +59,157 @@ impl ReportKind {
     }
 }
 
+// === impl Report ===
+
+impl<'a> Report<'a> {
+    /// A first token at `elapsed_ms`, measured (streamed) or not.
+    pub fn first_token(request_id: &'a str, elapsed_ms: f64, measured: bool) -> Self {
+        Self {
+            request_id,
+            kind: ReportKind::FirstToken,
+            elapsed_ms,
+            ttft_measured: measured,
+            first_token_ms: None,
+        }
+    }
+
+    /// The end of a response (its first token reported before, or never).
+    pub fn done(request_id: &'a str, elapsed_ms: f64) -> Self {
+        Self {
+            request_id,
+            kind: ReportKind::Done,
+            elapsed_ms,
+            ttft_measured: false,
+            first_token_ms: None,
+        }
+    }
+
+    /// The end of a response whose first token came with it (one report).
+    pub fn done_with_first_token(
+        request_id: &'a str,
+        elapsed_ms: f64,
+        first_token_ms: f64,
+        measured: bool,
+    ) -> Self {
+        Self {
+            first_token_ms: Some(first_token_ms),
+            ttft_measured: measured,
+            ..Self::done(request_id, elapsed_ms)
+        }
+    }
+
+    /// A request that ended without a response.
+    pub fn cancelled(request_id: &'a str) -> Self {
+        Self {
+            kind: ReportKind::Cancelled,
+            ..Self::done(request_id, 0.0)
+        }
+    }
+}
+
 // === impl Picker ===
 
 impl Picker {
-    /// Applies a report. `elapsed_ms` is the filter's measure (time from
-    /// forwarding to the event); when it is not positive the time since the
-    /// pick is used. Unknown request ids are ignored (expired or not ours).
-    pub fn report(&self, request_id: &str, kind: ReportKind, elapsed_ms: f64, now: Instant) {
-        self.metrics
-            .reports
-            .get_or_create(&KindLabels {
-                kind: kind.as_str(),
-            })
-            .inc();
-        // Prefilled (or ended): a request queued behind it no longer waits
-        // for its prefix.
-        self.routes.prefilled(request_id);
-        match kind {
-            ReportKind::FirstToken => {
-                let Some(p) = self.load.on_first_token(request_id, now) else {
-                    return;
-                };
-                let observed_ms = if elapsed_ms.is_finite() && elapsed_ms > 0.0 {
-                    elapsed_ms
-                } else {
-                    now.saturating_duration_since(p.picked_at).as_secs_f64() * 1000.0
-                };
-                self.metrics
-                    .observed_ttft
-                    .get_or_create(&TenantLabels {
-                        tenant: p.tenant.clone(),
-                    })
-                    .observe(observed_ms / 1000.0);
-                if p.prediction.ttft_ms > 0.0 {
-                    self.metrics
-                        .ttft_error_ratio
-                        .observe(observed_ms / p.prediction.ttft_ms);
+    /// Applies a report at `now`. A first token for an id without an entry
+    /// (ended, expired, not ours) changes nothing; a terminal report for
+    /// one leaves a tombstone, so that its pick, if it commits later, is
+    /// not counted.
+    pub fn report(&self, r: &Report<'_>, now: Instant) {
+        let kind = KindLabels {
+            kind: r.kind.as_str(),
+        };
+        self.metrics.reports.get_or_create(&kind).inc();
+        match r.kind {
+            ReportKind::FirstToken => match self.ledger.first_token(r.request_id, now) {
+                Some(entry) if r.ttft_measured => {
+                    self.observe_ttft(&entry, r, FirstToken::Elapsed, now);
                 }
-                let current = self
-                    .load
-                    .snapshot()
-                    .get(p.worker)
-                    .map_or(self.scoring.prefill_rate_prior, |l| l.prefill_rate);
-                let next = calibrate(&self.scoring, current, &p.prediction, observed_ms);
-                if next != current {
-                    self.load.set_rate(p.worker, next);
-                    if let Some(w) = self.workers.get(p.worker) {
-                        self.metrics
-                            .prefill_rate
-                            .get_or_create(&Metrics::worker(&w.cfg.name))
-                            .set(next);
+                Some(_) => {}
+                None => {
+                    self.metrics.reports_unmatched.get_or_create(&kind).inc();
+                }
+            },
+            ReportKind::Done | ReportKind::Cancelled => {
+                match self.ledger.finish(r.request_id, now) {
+                    Finished::Closed(entry) => {
+                        let first = r.kind == ReportKind::Done && entry.first_token_at.is_none();
+                        if let (true, true, Some(ms)) = (first, r.ttft_measured, r.first_token_ms) {
+                            self.observe_ttft(&entry, r, FirstToken::WithDone(ms), now);
+                        }
+                    }
+                    Finished::Tombstoned | Finished::AlreadyTombstoned => {
+                        self.metrics.reports_unmatched.get_or_create(&kind).inc();
                     }
                 }
             }
-            ReportKind::Done | ReportKind::Cancelled => {
-                self.load.on_finish(request_id);
+        }
+    }
+
+    /// Expires ledger entries and tombstones past their TTL and refreshes
+    /// the ledger's gauges (the housekeeping tick).
+    pub fn sweep_ledger(&self, now: Instant) {
+        let expired = self.ledger.expire(now);
+        if expired.entries > 0 {
+            tracing::debug!(
+                entries = expired.entries,
+                "in-flight entries expired without a terminal report"
+            );
+        }
+        self.metrics
+            .in_flight_expired
+            .inc_by(expired.entries as u64);
+        let stats = self.ledger.stats();
+        self.metrics.ledger_entries.set(stats.entries as i64);
+        self.metrics.ledger_tombstones.set(stats.tombstones as i64);
+        let evicted = stats
+            .tombstones_evicted
+            .saturating_sub(self.metrics.tombstones_evicted.get());
+        self.metrics.tombstones_evicted.inc_by(evicted);
+        let loads = self.ledger.snapshot();
+        for w in self.workers.iter() {
+            let in_flight = loads.get(w.id as usize).map_or(0, |l| l.in_flight);
+            self.metrics
+                .in_flight
+                .get_or_create(&Metrics::worker(&w.cfg.name))
+                .set(i64::from(in_flight));
+        }
+    }
+
+    /// A measured first token of `entry`: the observed-TTFT histograms and
+    /// the worker's calibrated rate.
+    fn observe_ttft(&self, entry: &Entry, r: &Report<'_>, from: FirstToken, now: Instant) {
+        let measured = match from {
+            FirstToken::Elapsed => r.elapsed_ms,
+            FirstToken::WithDone(ms) => ms,
+        };
+        let observed_ms = if measured.is_finite() && measured > 0.0 {
+            measured
+        } else {
+            now.saturating_duration_since(entry.picked_at).as_secs_f64() * 1000.0
+        };
+        self.metrics
+            .observed_ttft
+            .get_or_create(&TenantLabels {
+                tenant: entry.tenant.clone(),
+            })
+            .observe(observed_ms / 1000.0);
+        if entry.prediction.ttft_ms > 0.0 {
+            self.metrics
+                .ttft_error_ratio
+                .observe(observed_ms / entry.prediction.ttft_ms);
+        }
+        let current = self
+            .ledger
+            .rate(entry.worker)
+            .unwrap_or(self.scoring.prefill_rate_prior);
+        let next = calibrate(&self.scoring, current, &entry.prediction, observed_ms);
+        if next != current {
+            self.ledger.set_rate(entry.worker, next);
+            if let Some(w) = self.workers.get(entry.worker) {
+                self.metrics
+                    .prefill_rate
+                    .get_or_create(&Metrics::worker(&w.cfg.name))
+                    .set(next);
             }
         }
     }

@@ -22,7 +22,7 @@ pub struct WorkerView {
     /// Further prompt tokens held in CPU memory (offloaded blocks).
     pub cpu_hit_tokens: u32,
     /// Leading prompt tokens of a request picked for it that has no first
-    /// token yet (`load::QueuedPrompts`): cached by the time this one's
+    /// token yet (the ledger's queued prompts): cached by the time this one's
     /// prefill starts, which is after that one's.
     pub queued_hit_tokens: u32,
     /// Requests picked for it and not yet done.
@@ -36,7 +36,7 @@ pub struct WorkerView {
     /// Calibrated prefill throughput, tokens/s.
     pub prefill_rate: f64,
     /// This prompt's tokens we routed to it recently (whole blocks; see
-    /// `load::RecentRoutes`), cached there or not.
+    /// `routes::RecentRoutes`), cached there or not.
     pub routed_prompt_tokens: u32,
     /// Other prompts' tokens we routed to it recently: the working set its
     /// cache would have to hold for those requests' next turns to hit.

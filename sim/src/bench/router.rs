@@ -1,5 +1,5 @@
-//! The router in virtual time: the indexer's own `Picker` (index, load
-//! tracker, route memory, scoring) driven with virtual timestamps instead
+//! The router in virtual time: the indexer's own `Picker` (index, request
+//! ledger, route memory, scoring) driven with virtual timestamps instead
 //! of a wall clock.
 //!
 //! The indexer's policies pick with `Picker::pick_ids` (what `Picker::pick`
@@ -7,9 +7,9 @@
 //! draw for `random`, and reports go through `Picker::report`; scrapes are
 //! recorded in the workers' `Health` as the service's scrape loop does. The
 //! peer policies score `Picker::sight` (the same lookup and views, changing
-//! nothing) with their own rules and record their picks in the load tracker
+//! nothing) with their own rules and record their picks in the request ledger
 //! so that their predictions are measured alike. Virtual time maps onto
-//! `Instant`s as `base + t`, so the tracker's durations are virtual durations.
+//! `Instant`s as `base + t`, so the ledger's durations are virtual durations.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -20,9 +20,9 @@ use futures::executor::block_on;
 use kvsteer_indexer::app::build_picker;
 use kvsteer_indexer::config::{Config, ModelConfig, ScoringConfig, WorkerConfig};
 use kvsteer_indexer::index::Index;
-use kvsteer_indexer::load::Pending;
+use kvsteer_indexer::ledger::Entry;
 use kvsteer_indexer::picker::{IdsInput, Mode, PickAt, Picker, Sight};
-use kvsteer_indexer::report::ReportKind;
+use kvsteer_indexer::report::Report;
 use kvsteer_indexer::scoring::{self, HistogramMean, Prediction, ScrapedLoad};
 use kvsteer_indexer::workers::Workers;
 use kvsteer_kv_events::decode_batch;
@@ -204,9 +204,11 @@ impl VirtualRouter {
         };
         let scoring = self.picker.scoring();
         let prediction = scoring::predict(scoring, prompt_tokens, &views[worker]);
-        self.picker.load().on_pick(
+        // In flight like the service's picks; no queued prompt (the peers
+        // do not see the ledger's).
+        self.picker.ledger().open(
             request_id,
-            Pending {
+            Entry {
                 worker,
                 prediction,
                 picked_at: at,
@@ -214,6 +216,7 @@ impl VirtualRouter {
                 tenant: TENANT.to_owned(),
                 policy: self.policy.name(),
             },
+            Vec::new(),
         );
         Choice {
             worker,
@@ -226,9 +229,10 @@ impl VirtualRouter {
     pub fn first_token(&mut self, id: u64, now: f64) {
         self.dynamo.on_first_token(id);
         let at = self.instant(now);
-        // No filter-side measure: the time since the pick is the TTFT.
+        // A measured (streamed) first token without a filter-side time: the
+        // time since the pick is the TTFT.
         self.picker
-            .report(&id.to_string(), ReportKind::FirstToken, 0.0, at);
+            .report(&Report::first_token(&id.to_string(), 0.0, true), at);
     }
 
     /// The filter's done report.
@@ -237,8 +241,7 @@ impl VirtualRouter {
         self.sglang.on_done(id);
         self.service.done(id, now);
         let at = self.instant(now);
-        self.picker
-            .report(&id.to_string(), ReportKind::Done, 0.0, at);
+        self.picker.report(&Report::done(&id.to_string(), 0.0), at);
     }
 
     /// One KV event payload as it came off the wire.
@@ -254,7 +257,7 @@ impl VirtualRouter {
         }
     }
 
-    /// A metrics scrape of every engine, and the tracker's TTL sweep (the
+    /// A metrics scrape of every engine, and the ledger's TTL sweep (the
     /// service does both on its scrape timer). `latency` is each engine's
     /// cumulative e2e and TTFT histogram (sum, count), as `/metrics` has them.
     pub fn scrape(&mut self, stats: &[EngineStats], latency: &[Latency], now: f64) {
@@ -275,13 +278,13 @@ impl VirtualRouter {
             };
             w.health.record(Ok(load), at);
         }
-        self.picker.load().expire(at);
+        self.picker.ledger().expire(at);
     }
 
     /// Calibrated prefill rate per worker (tokens/s).
     pub fn prefill_rates(&self) -> Vec<f64> {
         self.picker
-            .load()
+            .ledger()
             .snapshot()
             .iter()
             .map(|l| l.prefill_rate)
@@ -339,7 +342,7 @@ mod tests {
         // The pick is now in flight there; the report calibrates and releases it.
         r.first_token(10, 1.2);
         r.done(10, 1.5);
-        assert!(r.picker.load().is_empty());
+        assert!(r.picker.ledger().is_empty());
         // A garbage payload is counted, not fatal.
         r.apply_events(0, b"not msgpack");
         assert_eq!(r.event_errors, 1);
@@ -424,6 +427,6 @@ mod tests {
             .collect();
         assert!(concurrent.len() > 1, "{concurrent:?}");
         // The picks are measured like every other policy's.
-        assert_eq!(r.picker.load().len(), 16);
+        assert_eq!(r.picker.ledger().len(), 16);
     }
 }

@@ -1,0 +1,418 @@
+//! The request ledger: one entry per pick id, from the pick's commit to its
+//! terminal report (done or cancelled), and each worker's load derived
+//! from the entries.
+//!
+//! An entry holds what every per-request view needs: the worker and its
+//! prediction (in-flight load, calibration), when it was picked and got
+//! its first token, the tenant and policy (metric labels) and, until the
+//! first token, the prompt's blocks (a prompt queued there: see
+//! [`queued`]). The per-worker aggregates (`in_flight`,
+//! `unprefilled_tokens`, `decoding`) and the queued-block counts change
+//! only with an entry, under one lock, so they return to zero exactly when
+//! every request has ended.
+//!
+//! Reports race their pick: the filter may give up on a pick and report
+//! `Cancelled` before the pick commits. A terminal report for an id without
+//! an entry leaves a short-lived tombstone ([`tombstones`]); the pick that
+//! commits later finds it and is not counted. A first token for an id
+//! without an entry (finished, expired, never ours) changes nothing.
+//! Entries whose terminal report never comes expire after a TTL, in
+//! [`Ledger::expire`] only (the service calls it on its housekeeping tick).
+
+mod queued;
+mod tombstones;
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;
+
+use crate::{keys::BlockKey, scoring::Prediction};
+use parking_lot::Mutex;
+use queued::QueuedBlocks;
+use std::{
+    collections::{HashMap, VecDeque},
+    time::{Duration, Instant},
+};
+use tombstones::Tombstones;
+
+/// How long a tombstone is kept: far longer than any pick takes (the
+/// filter's pick deadline is well under a second), far shorter than the
+/// in-flight TTL.
+pub const TOMBSTONE_TTL: Duration = Duration::from_secs(30);
+/// Tombstones kept at most (~100 bytes each).
+pub const TOMBSTONE_CAPACITY: usize = 1 << 16;
+
+/// One picked request that has not ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// Position of the worker in the configuration.
+    pub worker: usize,
+    pub prediction: Prediction,
+    pub picked_at: Instant,
+    pub first_token_at: Option<Instant>,
+    /// Tenant metric label (already bounded by the allowlist).
+    pub tenant: String,
+    pub policy: &'static str,
+}
+
+/// Aggregate load of one worker, as scoring sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LocalLoad {
+    pub in_flight: u32,
+    pub unprefilled_tokens: u64,
+    pub decoding: u32,
+    pub prefill_rate: f64,
+    /// Whether `prefill_rate` comes from this worker's own observations
+    /// (otherwise it is borrowed from the pool, or the prior).
+    pub calibrated: bool,
+}
+
+/// What [`Ledger::open`] did with a pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opened {
+    /// A new entry.
+    New,
+    /// The id had an entry: it was released and replaced.
+    Replaced,
+    /// Its terminal report came first (a tombstone): nothing recorded.
+    Reported,
+    /// The worker is not in the ledger: nothing recorded.
+    UnknownWorker,
+}
+
+/// What [`Ledger::finish`] did with a terminal report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Finished {
+    /// The entry, as it was, is gone and its load released.
+    Closed(Entry),
+    /// No entry: the id is tombstoned (its pick, if it comes, is not counted).
+    Tombstoned,
+    /// No entry, and the id was already tombstoned.
+    AlreadyTombstoned,
+}
+
+/// What [`Ledger::expire`] dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Expired {
+    pub entries: usize,
+    pub tombstones: usize,
+}
+
+/// The ledger's own counts, for `/debug/workers` and the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LedgerStats {
+    pub entries: usize,
+    pub tombstones: usize,
+    /// Prompt blocks held by queued prompts.
+    pub queued_blocks: usize,
+    /// Entries dropped by the TTL so far.
+    pub expired: u64,
+    /// Picks not counted because their terminal report came first.
+    pub late_picks: u64,
+    /// Tombstones dropped by the capacity bound before their TTL.
+    pub tombstones_evicted: u64,
+}
+
+pub struct Ledger {
+    ttl: Duration,
+    /// Queued prompt blocks kept at most (the oldest prompts stop counting
+    /// as queued first; their load stays).
+    queued_capacity: usize,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    entries: HashMap<String, Record>,
+    workers: Vec<LocalLoad>,
+    queued: QueuedBlocks,
+    /// Order in which prompts were queued, for the capacity bound; entries
+    /// prefilled, ended or replaced since leave stale items, skipped.
+    queue_order: VecDeque<(Instant, String)>,
+    tombstones: Tombstones,
+    expired: u64,
+    late_picks: u64,
+}
+
+/// An entry and its prompt's blocks while queued (empty once prefilled).
+struct Record {
+    entry: Entry,
+    queued: Vec<BlockKey>,
+}
+
+// === impl Entry ===
+
+impl Entry {
+    /// The tokens this request adds to its worker's unprefilled work.
+    fn tokens(&self) -> u64 {
+        self.prediction.uncached_tokens.ceil() as u64
+    }
+}
+
+// === impl Ledger ===
+
+impl Ledger {
+    /// `ttl`: entries without a terminal report are dropped after this long;
+    /// `queued_capacity`: queued prompt blocks kept at most.
+    pub fn new(
+        workers: usize,
+        prefill_rate_prior: f64,
+        ttl: Duration,
+        queued_capacity: usize,
+    ) -> Self {
+        Self::with_tombstones(
+            workers,
+            prefill_rate_prior,
+            ttl,
+            queued_capacity,
+            TOMBSTONE_TTL,
+            TOMBSTONE_CAPACITY,
+        )
+    }
+
+    /// [`Self::new`] with other tombstone bounds (tests).
+    pub fn with_tombstones(
+        workers: usize,
+        prefill_rate_prior: f64,
+        ttl: Duration,
+        queued_capacity: usize,
+        tombstone_ttl: Duration,
+        tombstone_capacity: usize,
+    ) -> Self {
+        let load = LocalLoad {
+            prefill_rate: prefill_rate_prior,
+            ..Default::default()
+        };
+        Self {
+            ttl,
+            queued_capacity,
+            inner: Mutex::new(Inner {
+                entries: HashMap::new(),
+                workers: vec![load; workers],
+                queued: QueuedBlocks::new(workers),
+                queue_order: VecDeque::new(),
+                tombstones: Tombstones::new(tombstone_ttl, tombstone_capacity),
+                expired: 0,
+                late_picks: 0,
+            }),
+        }
+    }
+
+    /// Records a committed pick and, when `queued` is not empty, its prompt
+    /// as queued on its worker until the first token. An id with an entry
+    /// is replaced; an id with a tombstone is not recorded (and the
+    /// tombstone is used up).
+    pub fn open(&self, id: &str, entry: Entry, queued: Vec<BlockKey>) -> Opened {
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        if inner.tombstones.take(id) {
+            inner.late_picks += 1;
+            return Opened::Reported;
+        }
+        if entry.worker >= inner.workers.len() {
+            return Opened::UnknownWorker;
+        }
+        let replaced = inner.close(id).is_some();
+        let w = &mut inner.workers[entry.worker];
+        w.in_flight += 1;
+        w.unprefilled_tokens += entry.tokens();
+        if !queued.is_empty() {
+            inner.queued.add(entry.worker, &queued);
+            inner
+                .queue_order
+                .push_back((entry.picked_at, id.to_owned()));
+        }
+        inner
+            .entries
+            .insert(id.to_owned(), Record { entry, queued });
+        inner.bound_queued(self.queued_capacity);
+        if replaced {
+            Opened::Replaced
+        } else {
+            Opened::New
+        }
+    }
+
+    /// Records a first token: the entry's tokens move from unprefilled to
+    /// decoding and its prompt is no longer queued. Returns the entry once
+    /// (`None` for an unknown id or a second first token).
+    pub fn first_token(&self, id: &str, now: Instant) -> Option<Entry> {
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        let rec = inner.entries.get_mut(id)?;
+        if rec.entry.first_token_at.is_some() {
+            return None;
+        }
+        rec.entry.first_token_at = Some(now);
+        let worker = rec.entry.worker;
+        let w = &mut inner.workers[worker];
+        w.unprefilled_tokens = w.unprefilled_tokens.saturating_sub(rec.entry.tokens());
+        w.decoding += 1;
+        let keys = std::mem::take(&mut rec.queued);
+        inner.queued.remove(worker, &keys);
+        Some(rec.entry.clone())
+    }
+
+    /// Records a terminal report (done or cancelled). An entry without a
+    /// first token ends as if its first token came with the end: the
+    /// aggregates are released either way.
+    pub fn finish(&self, id: &str, now: Instant) -> Finished {
+        let mut inner = self.inner.lock();
+        if let Some(entry) = inner.close(id) {
+            return Finished::Closed(entry);
+        }
+        if inner.tombstones.insert(id, now) {
+            Finished::Tombstoned
+        } else {
+            Finished::AlreadyTombstoned
+        }
+    }
+
+    /// Drops entries picked more than the TTL before `now` (their reports
+    /// never came) and tombstones past theirs.
+    pub fn expire(&self, now: Instant) -> Expired {
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        let ttl = self.ttl;
+        let stale: Vec<String> = inner
+            .entries
+            .iter()
+            .filter(|(_, r)| now.saturating_duration_since(r.entry.picked_at) > ttl)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &stale {
+            inner.close(id);
+        }
+        inner.expired += stale.len() as u64;
+        inner.trim_queue_order();
+        Expired {
+            entries: stale.len(),
+            tombstones: inner.tombstones.expire(now),
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<LocalLoad> {
+        self.inner.lock().workers.clone()
+    }
+
+    /// Every worker's load and, per worker, how many of `keys`' leading
+    /// blocks a prompt queued there holds (one lock for both).
+    pub fn view(&self, keys: &[BlockKey]) -> (Vec<LocalLoad>, Vec<u32>) {
+        let inner = self.inner.lock();
+        let queued = if keys.is_empty() {
+            vec![0; inner.workers.len()]
+        } else {
+            inner.queued.lookup(keys)
+        };
+        (inner.workers.clone(), queued)
+    }
+
+    /// Worker `worker`'s prefill rate (`None` out of range).
+    pub fn rate(&self, worker: usize) -> Option<f64> {
+        self.inner
+            .lock()
+            .workers
+            .get(worker)
+            .map(|w| w.prefill_rate)
+    }
+
+    /// Sets a worker's calibrated prefill rate. Workers without observations
+    /// of their own borrow the mean rate of those that have: the workers of a
+    /// pool run the same model on the same hardware, and a worker left at
+    /// the prior would look faster or slower than its calibrated peers for no
+    /// reason, winning (or losing) every cold pick.
+    pub fn set_rate(&self, worker: usize, rate: f64) {
+        let mut inner = self.inner.lock();
+        let Some(w) = inner.workers.get_mut(worker) else {
+            return;
+        };
+        w.prefill_rate = rate;
+        w.calibrated = true;
+        let rates: Vec<f64> = inner
+            .workers
+            .iter()
+            .filter(|w| w.calibrated)
+            .map(|w| w.prefill_rate)
+            .collect();
+        let pooled = rates.iter().sum::<f64>() / rates.len() as f64;
+        for w in inner.workers.iter_mut().filter(|w| !w.calibrated) {
+            w.prefill_rate = pooled;
+        }
+    }
+
+    /// The entry of `id`, if any.
+    pub fn get(&self, id: &str) -> Option<Entry> {
+        self.inner.lock().entries.get(id).map(|r| r.entry.clone())
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn stats(&self) -> LedgerStats {
+        let inner = self.inner.lock();
+        LedgerStats {
+            entries: inner.entries.len(),
+            tombstones: inner.tombstones.len(),
+            queued_blocks: inner.queued.held(),
+            expired: inner.expired,
+            late_picks: inner.late_picks,
+            tombstones_evicted: inner.tombstones.evicted,
+        }
+    }
+}
+
+impl Inner {
+    /// Removes `id`'s entry and releases what it held.
+    fn close(&mut self, id: &str) -> Option<Entry> {
+        let rec = self.entries.remove(id)?;
+        let tokens = rec.entry.tokens();
+        let worker = rec.entry.worker;
+        let w = &mut self.workers[worker];
+        w.in_flight = w.in_flight.saturating_sub(1);
+        if rec.entry.first_token_at.is_some() {
+            w.decoding = w.decoding.saturating_sub(1);
+        } else {
+            w.unprefilled_tokens = w.unprefilled_tokens.saturating_sub(tokens);
+        }
+        self.queued.remove(worker, &rec.queued);
+        Some(rec.entry)
+    }
+
+    /// Whether a `queue_order` item still stands for a queued prompt.
+    fn queued_at(&self, at: Instant, id: &str) -> bool {
+        self.entries
+            .get(id)
+            .is_some_and(|r| r.entry.picked_at == at && !r.queued.is_empty())
+    }
+
+    /// Beyond `capacity` queued blocks, the oldest queued prompts stop
+    /// counting as queued (their entries stay).
+    fn bound_queued(&mut self, capacity: usize) {
+        while self.queued.held() > capacity || self.queue_order.len() > 2 * capacity.max(1) {
+            let Some((at, id)) = self.queue_order.pop_front() else {
+                break;
+            };
+            if self.queued_at(at, &id)
+                && let Some(rec) = self.entries.get_mut(&id)
+            {
+                let keys = std::mem::take(&mut rec.queued);
+                self.queued.remove(rec.entry.worker, &keys);
+            }
+        }
+    }
+
+    /// Drops the stale items at the front of `queue_order`.
+    fn trim_queue_order(&mut self) {
+        while let Some((at, id)) = self.queue_order.front() {
+            if self.queued_at(*at, id) {
+                break;
+            }
+            self.queue_order.pop_front();
+        }
+    }
+}

@@ -1,0 +1,266 @@
+use super::*;
+
+const TTL: Duration = Duration::from_secs(60);
+
+fn ledger(workers: usize) -> Ledger {
+    Ledger::new(workers, 1000.0, TTL, 1_000)
+}
+
+fn entry(worker: usize, tokens: f64, at: Instant) -> Entry {
+    Entry {
+        worker,
+        prediction: Prediction {
+            uncached_tokens: tokens,
+            ..Default::default()
+        },
+        picked_at: at,
+        first_token_at: None,
+        tenant: "other".into(),
+        policy: "kvsteer",
+    }
+}
+
+fn keys(range: std::ops::Range<u64>) -> Vec<BlockKey> {
+    range.map(BlockKey).collect()
+}
+
+/// (in_flight, unprefilled_tokens, decoding) of one worker.
+fn load(l: &Ledger, worker: usize) -> (u32, u64, u32) {
+    let w = l.snapshot()[worker];
+    (w.in_flight, w.unprefilled_tokens, w.decoding)
+}
+
+fn idle(l: &Ledger) -> bool {
+    l.is_empty()
+        && l.snapshot()
+            .iter()
+            .all(|w| (w.in_flight, w.unprefilled_tokens, w.decoding) == (0, 0, 0))
+        && l.stats().queued_blocks == 0
+}
+
+#[test]
+fn pick_first_token_done() {
+    let l = ledger(2);
+    let now = Instant::now();
+    assert_eq!(l.open("a", entry(1, 100.0, now), vec![]), Opened::New);
+    assert_eq!(l.open("b", entry(1, 50.5, now), vec![]), Opened::New);
+    assert_eq!(load(&l, 1), (2, 151, 0));
+    assert!(l.first_token("a", now).is_some());
+    assert!(l.first_token("a", now).is_none(), "once");
+    assert_eq!(load(&l, 1), (2, 51, 1));
+    assert!(matches!(l.finish("a", now), Finished::Closed(_)));
+    assert!(matches!(l.finish("b", now), Finished::Closed(_)));
+    assert!(idle(&l));
+    assert_eq!(l.snapshot()[1].prefill_rate, 1000.0);
+}
+
+/// Every order of pick, first token and terminal report of one id, with a
+/// duplicate of each: the aggregates end at zero, the entry is gone, and a
+/// pick after its terminal report is never counted.
+#[test]
+fn every_order_ends_idle() {
+    #[derive(Debug, Clone, Copy)]
+    enum Op {
+        Pick,
+        First,
+        Done,
+        Cancel,
+    }
+    let ops = [Op::Pick, Op::First, Op::Done, Op::Cancel];
+    let now = Instant::now();
+    for a in ops {
+        for b in ops {
+            for c in ops {
+                let seq = [a, b, c];
+                // Only sequences with one pick and a terminal report.
+                let picks = seq.iter().filter(|o| matches!(o, Op::Pick)).count();
+                let ended = seq.iter().any(|o| matches!(o, Op::Done | Op::Cancel));
+                if picks != 1 || !ended {
+                    continue;
+                }
+                let l = ledger(1);
+                let mut reported = false;
+                for op in seq {
+                    match op {
+                        Op::Pick => {
+                            let opened = l.open("r", entry(0, 10.0, now), keys(0..2));
+                            assert_eq!(opened == Opened::Reported, reported, "{seq:?}");
+                        }
+                        Op::First => {
+                            l.first_token("r", now);
+                        }
+                        Op::Done | Op::Cancel => {
+                            l.finish("r", now);
+                            reported = true;
+                        }
+                    }
+                }
+                assert!(idle(&l), "{seq:?}: {:?}", l.snapshot());
+                // A duplicate of every report changes nothing more.
+                l.first_token("r", now);
+                l.finish("r", now);
+                assert!(idle(&l), "{seq:?} + duplicates");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_terminal_report_before_its_pick_leaves_a_tombstone() {
+    let l = ledger(1);
+    let now = Instant::now();
+    assert_eq!(l.finish("late", now), Finished::Tombstoned);
+    assert_eq!(l.finish("late", now), Finished::AlreadyTombstoned);
+    assert_eq!(l.stats().tombstones, 1);
+    // The late pick is not counted, and uses the tombstone up.
+    assert_eq!(
+        l.open("late", entry(0, 10.0, now), keys(0..3)),
+        Opened::Reported
+    );
+    assert!(idle(&l));
+    let s = l.stats();
+    assert_eq!((s.tombstones, s.late_picks), (0, 1));
+    // A late first token for it is ignored too.
+    assert!(l.first_token("late", now).is_none());
+    assert!(idle(&l));
+}
+
+#[test]
+fn done_without_a_first_token_counts_as_both() {
+    let l = ledger(1);
+    let now = Instant::now();
+    l.open("a", entry(0, 10.0, now), keys(0..4));
+    assert_eq!(l.view(&keys(0..4)).1, vec![4]);
+    let Finished::Closed(e) = l.finish("a", now) else {
+        panic!("closed");
+    };
+    assert_eq!(e.first_token_at, None, "as it was");
+    assert!(idle(&l));
+}
+
+#[test]
+fn repeated_id_replaces_and_unknown_worker_is_refused() {
+    let l = ledger(2);
+    let now = Instant::now();
+    l.open("a", entry(0, 10.0, now), keys(0..2));
+    assert_eq!(
+        l.open("a", entry(1, 20.0, now), keys(0..2)),
+        Opened::Replaced
+    );
+    assert_eq!(
+        l.open("z", entry(7, 20.0, now), vec![]),
+        Opened::UnknownWorker
+    );
+    let s = l.snapshot();
+    assert_eq!((s[0].in_flight, s[1].in_flight), (0, 1));
+    assert_eq!((s[0].unprefilled_tokens, s[1].unprefilled_tokens), (0, 20));
+    assert_eq!(l.view(&keys(0..2)).1, vec![0, 2], "the prompt moved");
+    assert_eq!(l.len(), 1);
+    assert!(l.first_token("nope", now).is_none());
+}
+
+#[test]
+fn stale_entries_and_tombstones_expire() {
+    let l = Ledger::with_tombstones(
+        1,
+        1000.0,
+        Duration::from_secs(10),
+        100,
+        Duration::from_secs(5),
+        8,
+    );
+    let start = Instant::now();
+    l.open("old", entry(0, 10.0, start), keys(0..2));
+    l.open("new", entry(0, 5.0, start + Duration::from_secs(8)), vec![]);
+    l.first_token("new", start + Duration::from_secs(9));
+    l.finish("ghost", start + Duration::from_secs(8));
+    let e = l.expire(start + Duration::from_secs(11));
+    assert_eq!(
+        e,
+        Expired {
+            entries: 1,
+            tombstones: 0
+        }
+    );
+    assert_eq!(load(&l, 0), (1, 0, 1));
+    assert_eq!(l.view(&keys(0..2)).1, vec![0], "its queued prompt went too");
+    let e = l.expire(start + Duration::from_secs(30));
+    assert_eq!(
+        e,
+        Expired {
+            entries: 1,
+            tombstones: 1
+        }
+    );
+    assert!(idle(&l));
+    let s = l.stats();
+    assert_eq!((s.expired, s.tombstones), (2, 0));
+}
+
+#[test]
+fn uncalibrated_workers_borrow_the_pool_rate() {
+    let l = Ledger::new(3, 8_000.0, TTL, 100);
+    l.set_rate(0, 16_000.0);
+    let rates: Vec<f64> = l.snapshot().iter().map(|w| w.prefill_rate).collect();
+    assert_eq!(rates, [16_000.0, 16_000.0, 16_000.0]);
+    l.set_rate(1, 10_000.0);
+    let s = l.snapshot();
+    assert_eq!(
+        s.iter().map(|w| w.prefill_rate).collect::<Vec<_>>(),
+        [16_000.0, 10_000.0, 13_000.0]
+    );
+    assert_eq!(s.iter().filter(|w| w.calibrated).count(), 2);
+    assert_eq!(l.rate(2), Some(13_000.0));
+    assert_eq!(l.rate(3), None);
+}
+
+#[test]
+fn queued_prompts_lend_their_prefix_until_prefilled() {
+    let l = ledger(3);
+    let t0 = Instant::now();
+    // A group prefix (blocks 0..6) queued on 1 with its question, and
+    // the first half of it on 2.
+    l.open("a", entry(1, 8.0, t0), keys(0..8));
+    l.open("b", entry(2, 3.0, t0), keys(0..3));
+    // Another user of the group: same prefix, another question.
+    let mut prompt = keys(0..6);
+    prompt.extend(keys(50..52));
+    assert_eq!(l.view(&prompt).1, vec![0, 6, 3]);
+    // Only a leading run counts: a prompt whose first block differs
+    // holds nothing, even where later keys are alike.
+    let mut stranger = vec![BlockKey(99)];
+    stranger.extend(keys(1..8));
+    assert_eq!(l.view(&stranger).1, vec![0, 0, 0]);
+    // Two prompts with the same prefix on one worker: it stays held
+    // until both are prefilled (or ended).
+    l.open("c", entry(1, 6.0, t0), keys(0..6));
+    l.first_token("a", t0);
+    assert_eq!(l.view(&prompt).1, vec![0, 6, 3]);
+    l.finish("c", t0);
+    assert_eq!(l.view(&prompt).1, vec![0, 0, 3]);
+    // Picked again elsewhere: the prompt moves.
+    l.open("b", entry(0, 3.0, t0), keys(0..3));
+    assert_eq!(l.view(&prompt).1, vec![3, 0, 0]);
+    assert_eq!(l.view(&[]).1, vec![0, 0, 0]);
+}
+
+#[test]
+fn queued_prompts_are_bounded_and_their_load_stays() {
+    let l = Ledger::new(1, 1000.0, TTL, 8);
+    let t0 = Instant::now();
+    l.open("a", entry(0, 4.0, t0), keys(0..4));
+    l.open("b", entry(0, 4.0, t0), keys(10..14));
+    l.open("c", entry(0, 4.0, t0), keys(20..24));
+    assert_eq!(l.view(&keys(0..4)).1, vec![0], "the oldest beyond 8 blocks");
+    assert_eq!(l.view(&keys(10..14)).1, vec![4]);
+    assert_eq!(l.view(&keys(20..24)).1, vec![4]);
+    assert_eq!(load(&l, 0), (3, 12, 0), "all three still in flight");
+    for id in ["a", "b", "c"] {
+        l.first_token(id, t0);
+        l.finish(id, t0);
+    }
+    assert!(idle(&l));
+    // Stale order items go on the next sweep.
+    l.expire(t0);
+    assert!(l.inner.lock().queue_order.is_empty());
+}

@@ -1,0 +1,300 @@
+//! The request ledger under faults, through the real tonic server over
+//! loopback: reports that overtake their pick, callers that go away or run
+//! out of time while their pick is tokenized, and single-report responses.
+//!
+//! A slow pick is a real slow tokenization: the model's chat template
+//! spins `N` × 10,000 loop rounds for a system message whose content is
+//! `N`, so a tiny request keeps its handler busy for seconds without any
+//! hook in the service.
+
+mod common;
+
+use common::{Admin, eventually, shared};
+use kvsteer_indexer::app;
+use kvsteer_proto::v1::{self as pb, router_client::RouterClient};
+use serde_json::{Value, json};
+use std::time::Duration;
+use tonic::transport::Channel;
+
+const MODEL: &str = "m";
+/// Outer rounds of the template's spin for a slow pick (seconds of
+/// rendering); the tests act well within the first of them.
+const SLOW: u32 = 1_000;
+/// How long a test waits after sending a slow pick before acting on it:
+/// long enough for the request to reach its handler, far shorter than
+/// the pick.
+const SETTLE: Duration = Duration::from_millis(300);
+
+struct Service {
+    running: app::Running,
+    admin: Admin,
+    client: RouterClient<Channel>,
+    _tokenizer: tempfile::TempDir,
+}
+
+/// The Qwen3 tokenizer with a chat template that spins on the system
+/// message's number.
+fn slow_tokenizer() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let qwen3 = shared().join("tokenizers/qwen3");
+    std::fs::copy(
+        qwen3.join("tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let mut config: Value = serde_json::from_str(
+        &std::fs::read_to_string(qwen3.join("tokenizer_config.json")).unwrap(),
+    )
+    .unwrap();
+    config["chat_template"] = json!(
+        "{%- for m in messages -%}\
+         {%- if m.role == 'system' -%}\
+         {%- for i in range(m.content | int) -%}{%- for j in range(10000) -%}{%- endfor -%}{%- endfor -%}\
+         {%- endif -%}\
+         <|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
+         {%- endfor -%}\
+         {%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+    );
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    dir
+}
+
+async fn start() -> Service {
+    let tokenizer = slow_tokenizer();
+    let cfg = kvsteer_indexer::config::Config::from_yaml(&format!(
+        "grpc_listen: 127.0.0.1:0
+admin_listen: 127.0.0.1:0
+models: [{{name: {MODEL}, tokenizer: '{dir}'}}]
+workers:
+  - {{name: w1, endpoint: '127.0.0.1:1', model: {MODEL}}}
+  - {{name: w2, endpoint: '127.0.0.1:2', model: {MODEL}}}
+",
+        dir = tokenizer.path().display(),
+    ))
+    .expect("config");
+    let running = app::start(cfg).await.expect("start");
+    let admin = Admin::new(format!("http://{}", running.admin_addr));
+    let channel = Channel::from_shared(format!("http://{}", running.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .expect("grpc connect");
+    Service {
+        running,
+        admin,
+        client: RouterClient::new(channel),
+        _tokenizer: tokenizer,
+    }
+}
+
+/// A chat pick whose template spins `spin` rounds.
+fn pick(id: &str, spin: u32) -> pb::PickRequest {
+    let text = |role: &str, t: String| pb::ChatMessage {
+        role: role.into(),
+        content: Some(pb::chat_message::Content::Text(t)),
+        ..Default::default()
+    };
+    pb::PickRequest {
+        request_id: id.into(),
+        model: MODEL.into(),
+        api: pb::ApiKind::Chat as i32,
+        messages: vec![
+            text("system", spin.to_string()),
+            text("user", format!("Question {id}: what is a KV cache?")),
+        ],
+        add_generation_prompt: Some(true),
+        ..Default::default()
+    }
+}
+
+fn report(id: &str, kind: pb::ReportKind) -> pb::ReportRequest {
+    pb::ReportRequest {
+        request_id: id.into(),
+        kind: kind as i32,
+        ..Default::default()
+    }
+}
+
+impl Service {
+    async fn metrics(&self) -> String {
+        let (status, text) = self.admin.call("GET", "/metrics", None).await;
+        assert_eq!(status, 200);
+        text
+    }
+
+    /// The value of the sample `name{labels}` (0 when absent).
+    async fn metric(&self, sample: &str) -> f64 {
+        let text = self.metrics().await;
+        text.lines()
+            .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Waits until the pick's fate is known: counted in flight (routed)
+    /// or abandoned for any reason.
+    async fn settled(&self) {
+        eventually("the pick committed or abandoned", || async {
+            let m = self.metrics().await;
+            let done = m.lines().any(|l| {
+                (l.starts_with("kvsteer_picks_total{") && l.contains("outcome=\"routed\""))
+                    || l.starts_with("kvsteer_pick_abandoned_total{")
+            });
+            done.then_some(())
+        })
+        .await;
+    }
+
+    /// (in_flight, unprefilled_tokens, decoding) summed over the workers.
+    async fn load(&self) -> (u64, u64, u64) {
+        let (_, v) = self.admin.call_json("GET", "/debug/workers", None).await;
+        v["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .fold((0, 0, 0), |s, w| {
+                let n = |k: &str| w[k].as_u64().unwrap();
+                (
+                    s.0 + n("in_flight"),
+                    s.1 + n("unprefilled_tokens"),
+                    s.2 + n("decoding"),
+                )
+            })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_that_overtakes_its_slow_pick_leaves_no_load() {
+    let s = start().await;
+    let mut picker = s.client.clone();
+    let slow = tokio::spawn(async move { picker.pick(pick("a", SLOW)).await });
+    tokio::time::sleep(SETTLE).await;
+    // The filter gave up waiting: its Cancelled reaches the indexer first.
+    s.client
+        .clone()
+        .report(report("a", pb::ReportKind::Cancelled))
+        .await
+        .expect("report");
+    let answer = slow.await.unwrap().expect("the pick is still answered");
+    assert_eq!(answer.into_inner().endpoints.len(), 2);
+    assert_eq!(s.load().await, (0, 0, 0));
+    assert_eq!(
+        s.metric("kvsteer_pick_abandoned_total{reason=\"reported\"}")
+            .await,
+        1.0
+    );
+    // A late first token for it changes nothing either.
+    s.client
+        .clone()
+        .report(report("a", pb::ReportKind::FirstToken))
+        .await
+        .expect("report");
+    assert_eq!(s.load().await, (0, 0, 0));
+    s.running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pick_whose_caller_went_away_is_not_committed() {
+    let s = start().await;
+    let mut picker = s.client.clone();
+    let slow = tokio::spawn(async move { picker.pick(pick("b", SLOW)).await });
+    tokio::time::sleep(SETTLE).await;
+    // The caller goes away: its call is dropped (the stream is reset).
+    slow.abort();
+    assert!(slow.await.unwrap_err().is_cancelled());
+    s.settled().await;
+    assert_eq!(s.load().await, (0, 0, 0));
+    assert_eq!(
+        s.metric("kvsteer_pick_abandoned_total{reason=\"cancelled\"}")
+            .await,
+        1.0
+    );
+    s.running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pick_past_its_grpc_deadline_is_not_committed() {
+    let s = start().await;
+    // The caller waits 1 s (as Envoy sends its call timeout); the pick
+    // takes seconds.
+    let mut request = tonic::Request::new(pick("c", SLOW));
+    request.set_timeout(Duration::from_secs(1));
+    let answer = s.client.clone().pick(request).await;
+    assert!(answer.is_err(), "{answer:?}");
+    s.settled().await;
+    assert_eq!(s.load().await, (0, 0, 0));
+    assert_eq!(
+        s.metric("kvsteer_pick_abandoned_total{reason=\"deadline\"}")
+            .await,
+        1.0
+    );
+    // A pick within its deadline is committed.
+    let mut request = tonic::Request::new(pick("c2", 0));
+    request.set_timeout(Duration::from_secs(30));
+    s.client.clone().pick(request).await.expect("pick");
+    assert_eq!(s.load().await.0, 1);
+    s.running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn done_with_its_first_token_releases_and_calibrates_only_when_measured() {
+    let s = start().await;
+    let mut client = s.client.clone();
+    for id in ["measured", "whole", "first-unmeasured"] {
+        client.pick(pick(id, 0)).await.expect("pick");
+    }
+    let (in_flight, unprefilled, _) = s.load().await;
+    assert_eq!(in_flight, 3);
+    assert!(unprefilled > 0);
+    // A streamed single-chunk response, reported once.
+    let done = |id: &str, measured: bool| pb::ReportRequest {
+        elapsed_ms: 180.0,
+        first_token_ms: Some(120.0),
+        ttft_measured: measured,
+        ..report(id, pb::ReportKind::Done)
+    };
+    client.report(done("measured", true)).await.expect("report");
+    // A whole (non-streamed) response: its first bytes came with the end.
+    client.report(done("whole", false)).await.expect("report");
+    // An unmeasured first token, then its done.
+    let first = pb::ReportRequest {
+        elapsed_ms: 90.0,
+        ..report("first-unmeasured", pb::ReportKind::FirstToken)
+    };
+    client.report(first).await.expect("report");
+    client
+        .report(report("first-unmeasured", pb::ReportKind::Done))
+        .await
+        .expect("report");
+    assert_eq!(s.load().await, (0, 0, 0));
+    assert_eq!(
+        s.metric("kvsteer_observed_ttft_seconds_count{tenant=\"other\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        s.metric("kvsteer_observed_ttft_seconds_sum{tenant=\"other\"}")
+            .await,
+        0.12
+    );
+    s.running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pick_without_a_model_uses_the_only_one_served() {
+    let s = start().await;
+    let mut request = pick("no-model", 0);
+    request.model.clear();
+    let answer = s
+        .client
+        .clone()
+        .pick(request)
+        .await
+        .expect("pick")
+        .into_inner();
+    assert_eq!(answer.endpoints.len(), 2);
+    let d = answer.decision.unwrap();
+    assert!(!d.degraded && d.prompt_tokens > 0, "{d:?}");
+    assert_eq!(s.load().await.0, 1);
+    assert_eq!(s.metric("kvsteer_model_defaulted_total").await, 1.0);
+    s.running.shutdown().await;
+}
