@@ -6,7 +6,7 @@
 //! Run: `cargo run --release -p kvsteer-tokenize --example bench_tokenize`
 //! (set `KVSTEER_SHARED` if `shared/` is not beside the workspace). Uses only
 //! the public API, so the same file builds against an older
-//! `kvsteer-tokenize` for an old-vs-new comparison (`BENCHMARKS` of the
+//! `kvsteer-tokenize` for an old-vs-new comparison ("Speed" in the
 //! crate README).
 
 use std::path::PathBuf;
