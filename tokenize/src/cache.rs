@@ -52,9 +52,13 @@ pub struct Key {
 
 impl Key {
     pub fn of(text: &str) -> Self {
+        Self::of_bytes(text.as_bytes())
+    }
+
+    pub fn of_bytes(bytes: &[u8]) -> Self {
         Key {
-            hash: xxh3_64(text.as_bytes()),
-            len: text.len(),
+            hash: xxh3_64(bytes),
+            len: bytes.len(),
         }
     }
 }

@@ -15,8 +15,10 @@
 
 mod cache;
 mod error;
+mod fast;
 pub mod normalize;
 mod openai;
+mod pretok;
 pub mod pyjson;
 pub mod request;
 mod segments;

@@ -9,6 +9,7 @@ use tokenizers::Tokenizer;
 
 use crate::cache::{CacheStats, DEFAULT_CACHE_TOKENS, Key, SegmentCache};
 use crate::error::Error;
+use crate::fast::FastEncoder;
 use crate::normalize::normalize;
 use crate::request::{ChatRequest, CompletionPrompt};
 use crate::segments::{Segment, Splitter};
@@ -36,6 +37,9 @@ pub struct PromptTokenizer {
     /// The ids `add_special_tokens=true` puts around a text, when it does so
     /// uniformly (`None`: not cacheable with special tokens).
     special_wrap: Option<(Vec<u32>, Vec<u32>)>,
+    /// Encodes cache misses; `None` when the pipeline is not the one it
+    /// reproduces (then `tokenizers` encodes them).
+    fast: Option<FastEncoder>,
     cache: SegmentCache,
     eos_token_id: Option<u32>,
     vocab_size: usize,
@@ -80,6 +84,7 @@ impl PromptTokenizer {
             .and_then(Value::as_str)
             .and_then(|t| tokenizer.token_to_id(t));
         let splitter = Splitter::new(&tokenizer);
+        let fast = FastEncoder::new(&tokenizer);
         let special_wrap = probe_special_wrap(&tokenizer);
         let vocab_size = tokenizer.get_vocab_size(true);
         Ok(PromptTokenizer {
@@ -87,6 +92,7 @@ impl PromptTokenizer {
             template,
             splitter,
             special_wrap,
+            fast,
             cache: SegmentCache::new(cache_tokens),
             eos_token_id,
             vocab_size,
@@ -160,7 +166,7 @@ impl PromptTokenizer {
                     match self.cache.get(key) {
                         Some(ids) => out.extend_from_slice(&ids),
                         None => {
-                            let ids: Arc<[u32]> = self.encode(piece, false)?.into();
+                            let ids: Arc<[u32]> = self.encode_piece(piece)?.into();
                             out.extend_from_slice(&ids);
                             self.cache.insert(key, ids);
                         }
@@ -170,6 +176,18 @@ impl PromptTokenizer {
         }
         out.extend_from_slice(suffix);
         Ok(out)
+    }
+
+    /// Ids of a text piece holding no added token.
+    fn encode_piece(&self, piece: &str) -> Result<Vec<u32>, Error> {
+        match &self.fast {
+            Some(fast) => {
+                let mut ids = Vec::with_capacity(piece.len() / 3);
+                fast.encode(&self.tokenizer, piece, &mut ids)?;
+                Ok(ids)
+            }
+            None => self.encode(piece, false),
+        }
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String, Error> {
@@ -191,9 +209,18 @@ impl PromptTokenizer {
         self.cache.stats()
     }
 
-    /// Drops every cached piece (counters are kept).
+    /// Drops every cached piece and word (counters are kept).
     pub fn clear_cache(&self) {
         self.cache.clear();
+        if let Some(fast) = &self.fast {
+            fast.clear();
+        }
+    }
+
+    /// Whether cache misses are encoded by the fast ASCII path (`fast.rs`)
+    /// rather than by `tokenizers` alone.
+    pub fn fast_path_enabled(&self) -> bool {
+        self.fast.is_some() && self.splitter.is_some()
     }
 
     /// Whether [`Self::encode_cached`] actually uses the cache for this
