@@ -25,6 +25,7 @@ pub mod outbox;
 pub mod pick;
 pub mod pick_id;
 pub mod report;
+pub mod retry;
 pub mod usage;
 
 proxy_wasm::main! {{

@@ -274,6 +274,25 @@ async fn json_is_steered_whatever_its_content_type() {
             "{content_type:?} was not steered"
         );
     }
+    // A body without `model` is steered as the only model served (vLLM
+    // serves it too).
+    let mut no_model = chat_body(MODEL, &user("no model named"), 2);
+    no_model.as_object_mut().expect("object").remove("model");
+    let steered = filter_stat(&c, "kvsteer_filter_steered").await;
+    let resp = c
+        .client
+        .post(&url)
+        .json(&no_model)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.expect("body");
+    assert_eq!(
+        filter_stat(&c, "kvsteer_filter_steered").await,
+        steered + 1,
+        "a body without model was not steered"
+    );
     // A body that is not JSON goes through unsteered, typed as JSON or not.
     let not_json = filter_stat(&c, "kvsteer_filter_failopen.not_json").await;
     for content_type in ["application/json", "text/plain"] {
@@ -293,4 +312,36 @@ async fn json_is_steered_whatever_its_content_type() {
         not_json + 2
     );
     wait_in_flight(&c, "every request to end", 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn done_reports_lost_to_an_indexer_pause_are_sent_again() {
+    let _g = serial().await;
+    let c = Cluster::start(sims(1.0)).await.expect("cluster");
+    let url = c.envoy_url("/v1/chat/completions");
+    let failed_before = filter_stat(&c, "kvsteer_filter_report_failed").await;
+    // A streamed answer long enough to still be running once it is counted.
+    let mut body = chat_body(MODEL, &user("a long answer, please"), 400);
+    body["stream"] = json!(true);
+    let resp = c.client.post(&url).json(&body).send().await.expect("request");
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let first = stream.next().await.expect("a first chunk").expect("chunk");
+    assert!(!first.is_empty());
+    wait_in_flight(&c, "the request to be counted", 1).await;
+
+    // The indexer pauses; the answer ends meanwhile, so its DONE fails.
+    c.signal_indexer("STOP").expect("SIGSTOP");
+    while let Some(chunk) = stream.next().await {
+        chunk.expect("chunk");
+    }
+    let failed = wait_until("the DONE report to fail", WAIT, || async {
+        let now = filter_stat(&c, "kvsteer_filter_report_failed").await;
+        (now > failed_before).then_some(())
+    })
+    .await;
+    c.signal_indexer("CONT").expect("SIGCONT");
+    failed.expect("a report failed while the indexer was stopped");
+    // Sent again once the indexer is back: no load is left behind.
+    wait_in_flight(&c, "the retried DONE to release the pick", 0).await;
 }

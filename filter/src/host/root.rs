@@ -25,6 +25,7 @@ use crate::host::http::KvsteerHttp;
 use crate::metrics::Counter;
 use crate::outbox::{Outbox, Queued};
 use crate::pick_id::PickIds;
+use crate::retry::{self, Answer, Retries};
 
 /// How soon queued reports go out.
 const REPORT_TICK: Duration = Duration::from_millis(1);
@@ -35,6 +36,7 @@ pub(crate) struct Shared {
     pub(crate) metrics: Metrics,
     pick_ids: RefCell<PickIds>,
     outbox: RefCell<Outbox>,
+    retries: RefCell<Retries>,
 }
 
 // === impl Shared ===
@@ -73,29 +75,81 @@ impl Shared {
         }
     }
 
-    /// Dispatches every queued report from the running context.
+    /// Dispatches every queued report, and the failed terminal reports now
+    /// due again, from the running context; keeps the tick going while
+    /// retries wait.
     fn send_queued(&self) {
         let reports: Vec<ReportRequest> = match self.outbox.try_borrow_mut() {
             Ok(mut outbox) => outbox.drain().collect(),
             Err(_) => return,
         };
+        let due = match (since_epoch(), self.retries.try_borrow_mut()) {
+            (Some(now), Ok(mut retries)) => retries.take_due(now),
+            _ => Vec::new(),
+        };
+        for (report, attempt) in reports.into_iter().map(|r| (r, 1)).chain(due) {
+            self.send(report, attempt);
+        }
+        if self.retries.try_borrow().is_ok_and(|r| r.waiting())
+            && let Err(status) = hostcalls::set_tick_period(retry::TICK)
+        {
+            log::warn!("kvsteer-filter: cannot arm the retry tick: {status:?}");
+        }
+    }
+
+    /// One send of a report (its `attempt`-th).
+    fn send(&self, report: ReportRequest, attempt: u8) {
         let timeout = Duration::from_millis(self.config.timeout_ms);
-        for report in reports {
-            let message = report.encode_to_vec();
-            match calls::grpc_call(
-                &self.config.indexer_cluster,
-                paths::REPORT,
-                &message,
-                timeout,
-            ) {
-                Ok(_) => self.metrics.inc(Counter::ReportSent),
-                Err(status) => {
-                    log::debug!("kvsteer-filter: report not sent: {status:?}");
-                    self.metrics.inc(Counter::ReportFailed);
+        let message = report.encode_to_vec();
+        match calls::grpc_call(
+            &self.config.indexer_cluster,
+            paths::REPORT,
+            &message,
+            timeout,
+        ) {
+            Ok(token) => {
+                self.metrics.inc(Counter::ReportSent);
+                if let Ok(mut retries) = self.retries.try_borrow_mut() {
+                    retries.sent(token, report, attempt);
                 }
+            }
+            Err(status) => {
+                log::debug!("kvsteer-filter: report not sent: {status:?}");
+                self.metrics.inc(Counter::ReportFailed);
             }
         }
     }
+
+    /// The answer to report call `token`.
+    fn report_answered(&self, token: u32, status_code: u32) {
+        let delivered = status_code == GrpcStatusCode::Ok as u32;
+        if !delivered {
+            log::debug!("kvsteer-filter: report failed: gRPC status {status_code}");
+            self.metrics.inc(Counter::ReportFailed);
+        }
+        let answer = match (since_epoch(), self.retries.try_borrow_mut()) {
+            (Some(now), Ok(mut retries)) => retries.answered(token, delivered, now),
+            _ => Answer::Untracked,
+        };
+        match answer {
+            Answer::Retry => {
+                let idle = self.outbox.try_borrow().is_ok_and(|o| o.is_empty());
+                if idle && let Err(status) = hostcalls::set_tick_period(retry::TICK) {
+                    log::warn!("kvsteer-filter: cannot arm the retry tick: {status:?}");
+                }
+            }
+            Answer::GaveUp => log::warn!(
+                "kvsteer-filter: a terminal report failed {} times; the indexer expires its pick",
+                retry::ATTEMPTS
+            ),
+            Answer::Delivered | Answer::Untracked => {}
+        }
+    }
+}
+
+/// The host's clock as time since the epoch.
+fn since_epoch() -> Option<Duration> {
+    calls::now().and_then(|t| t.duration_since(UNIX_EPOCH).ok())
 }
 
 pub(crate) struct KvsteerRoot {
@@ -114,12 +168,9 @@ impl KvsteerRoot {
 
 impl Context for KvsteerRoot {
     /// Answers to the reports sent from `on_tick`.
-    fn on_grpc_call_response(&mut self, _token_id: u32, status_code: u32, _response_size: usize) {
-        if status_code != GrpcStatusCode::Ok as u32
-            && let Some(shared) = &self.shared
-        {
-            log::debug!("kvsteer-filter: report failed: gRPC status {status_code}");
-            shared.metrics.inc(Counter::ReportFailed);
+    fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, _response_size: usize) {
+        if let Some(shared) = &self.shared {
+            shared.report_answered(token_id, status_code);
         }
     }
 }
@@ -158,6 +209,7 @@ impl RootContext for KvsteerRoot {
                     metrics: Metrics::define(),
                     pick_ids: RefCell::new(PickIds::random(&salt)),
                     outbox: RefCell::new(Outbox::default()),
+                    retries: RefCell::new(Retries::default()),
                 }));
                 true
             }
