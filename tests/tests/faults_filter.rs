@@ -323,7 +323,13 @@ async fn done_reports_lost_to_an_indexer_pause_are_sent_again() {
     // A streamed answer long enough to still be running once it is counted.
     let mut body = chat_body(MODEL, &user("a long answer, please"), 400);
     body["stream"] = json!(true);
-    let resp = c.client.post(&url).json(&body).send().await.expect("request");
+    let resp = c
+        .client
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
     assert_eq!(resp.status(), 200);
     let mut stream = resp.bytes_stream();
     let first = stream.next().await.expect("a first chunk").expect("chunk");
