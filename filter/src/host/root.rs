@@ -200,9 +200,8 @@ impl RootContext for KvsteerRoot {
                     config.timeout_ms,
                     config.paths
                 );
-                let now_ns = calls::now()
-                    .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                    .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+                let now_ns =
+                    since_epoch().map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
                 let salt = [now_ns, u64::from(self.context_id)];
                 self.shared = Some(Rc::new(Shared {
                     config,
