@@ -136,7 +136,9 @@ async fn requests_sharing_a_client_request_id_are_distinct_picks() {
 
     // Another client reusing a victim's id and resetting its own request
     // cancels its own pick, not the victim's.
-    let victim_body = chat_body(MODEL, &user("the victim's long answer"), 400);
+    // The victim's answer (~2,000 steps, ~14 s) outlasts the attacker's
+    // whole request and its cancel, so its pick is still counted below.
+    let victim_body = chat_body(MODEL, &user("the victim's long answer"), 2000);
     let client = c.client.clone();
     let victim_url = url.clone();
     let victim = tokio::spawn(async move {
