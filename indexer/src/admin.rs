@@ -2,10 +2,11 @@
 //! `/debug/score` (a dry-run pick of an OpenAI body).
 
 use crate::{
+    discovery::watch::DiscoveryStatus,
     index::{Index, redis::lease::LeaseBoard},
     picker::{Mode, PickInput, Picker},
     prompt::Prompt,
-    workers::Workers,
+    workers::{Origin, Workers},
 };
 use axum::{
     Json, Router,
@@ -30,6 +31,8 @@ pub struct AdminState {
     pub readiness: Readiness,
     /// Write leases (Redis `writer: auto`), shown by `/debug/workers`.
     pub leases: Option<Arc<LeaseBoard>>,
+    /// Kubernetes discovery, when configured.
+    pub discovery: Option<Arc<DiscoveryStatus>>,
 }
 
 /// When `/readyz` answers 200.
@@ -81,11 +84,12 @@ async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
         Readiness::Leases(board) => {
             let held: Vec<_> = board
                 .managed()
+                .into_iter()
                 .filter(|w| board.view(*w).is_some_and(|v| v.held))
                 .collect();
             let live = held.iter().any(|w| {
                 s.workers
-                    .get(*w as usize)
+                    .by_id(*w)
                     .is_some_and(|w| w.stream.state().is_live())
             });
             if held.is_empty() || live {
@@ -109,12 +113,14 @@ async fn workers(State(s): State<AdminState>) -> Json<Value> {
         .workers
         .iter()
         .map(|w| {
-            let l = loads.get(w.id as usize).copied().unwrap_or_default();
+            let l = loads.get(w.slot).copied().unwrap_or_default();
             let h = w.health.get();
             json!({
                 "name": w.cfg.name,
                 "endpoint": w.cfg.endpoint,
                 "model": w.cfg.model,
+                "source": source(&w.origin),
+                "retiring": w.is_retired(),
                 "stream": {
                     "state": w.stream.state().as_str(),
                     "last_seq": w.stream.last_seq(),
@@ -140,8 +146,18 @@ async fn workers(State(s): State<AdminState>) -> Json<Value> {
             })
         })
         .collect();
+    let discovery = s.discovery.as_ref().map(|d| {
+        json!({
+            "kind": "kubernetes",
+            "namespace": d.namespace,
+            "synced": d.synced(),
+            "stale": d.is_stale(),
+            "last_error": d.last_error(),
+        })
+    });
     Json(json!({
         "workers": list,
+        "discovery": discovery,
         "ledger": {
             "entries": ledger.entries,
             "tombstones": ledger.tombstones,
@@ -212,6 +228,25 @@ async fn score(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> 
         "workers": workers,
     }))
     .into_response()
+}
+
+/// Where a worker came from, for `/debug/workers`.
+fn source(origin: &Origin) -> Value {
+    match origin {
+        Origin::Static => json!({ "kind": "static" }),
+        Origin::Pod {
+            namespace,
+            name,
+            uid,
+            ip,
+        } => json!({
+            "kind": "kubernetes",
+            "namespace": namespace,
+            "pod": name,
+            "uid": uid,
+            "pod_ip": ip,
+        }),
+    }
 }
 
 fn bad_request(msg: String) -> Response {

@@ -5,6 +5,11 @@
 use crate::{
     admin::{self, AdminState, Readiness},
     config::{Config, IndexBackend},
+    discovery::{
+        self,
+        watch::{DiscoveryMetrics, DiscoveryStatus},
+    },
+    fleet::Fleet,
     grpc::RouterService,
     index::{
         Index,
@@ -40,6 +45,8 @@ pub enum AppError {
     },
     #[error("index.redis: {0}")]
     Redis(#[from] RedisSetupError),
+    #[error("discovery.kubernetes: {0}")]
+    Discovery(#[from] discovery::watch::ClientError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         what: &'static str,
@@ -60,6 +67,8 @@ pub struct Running {
     pub index: Index,
     /// This replica's write leases (Redis, `writer: auto`).
     pub leases: Option<Arc<LeaseBoard>>,
+    /// Joins and leaves of workers (discovery).
+    pub fleet: Arc<Fleet>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -127,7 +136,8 @@ pub fn build_picker_on(
     index: Index,
 ) -> (Arc<Picker>, Arc<Workers>, Index, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::new(registry, &cfg.tenants.metrics_allowlist));
-    let workers = Arc::new(Workers::new(&cfg.workers));
+    let capacity = cfg.workers.len() + cfg.discovery.max_workers();
+    let workers = Arc::new(Workers::with_capacity(&cfg.workers, capacity));
     for w in workers.iter() {
         let block_size = cfg.model(&w.cfg.model).map_or(16, |m| m.block_size);
         index.register_worker(w.id, &w.cfg.model, block_size);
@@ -199,19 +209,46 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         Some(board) => streams::Gates::Leases(board.clone()),
         None => streams::Gates::Open,
     };
-    if writer == WriterMode::Never {
-        streams::mark_disabled(&workers, &metrics);
-    } else {
-        tasks.extend(streams::spawn_all(
-            &workers,
-            &index,
-            &cfg.streams,
-            cfg.scrape.down_after,
-            &metrics,
-            &shutdown_rx,
-            &gates,
-        ));
+    let stream_ctx = (writer != WriterMode::Never).then(|| streams::StreamContext {
+        index: index.clone(),
+        cfg: cfg.streams.clone(),
+        down_after: cfg.scrape.down_after,
+        metrics: metrics.clone(),
+        shutdown: shutdown_rx.clone(),
+        gates: gates.clone(),
+    });
+    match &stream_ctx {
+        Some(ctx) => tasks.extend(streams::spawn_all(&workers, ctx)),
+        None => streams::mark_disabled(&workers, &metrics),
     }
+    let fleet = Arc::new(Fleet::new(
+        picker.clone(),
+        index.clone(),
+        stream_ctx,
+        leases.clone().zip(redis.clone()),
+        cfg.models
+            .iter()
+            .map(|m| (m.name.clone(), m.block_size))
+            .collect(),
+    ));
+    let discovery = match &cfg.discovery.kubernetes {
+        Some(k8s) => {
+            let (client, namespace) = discovery::watch::client(k8s).await?;
+            let status = Arc::new(DiscoveryStatus::new(namespace, k8s.pools.len()));
+            let dmetrics = DiscoveryMetrics::register(&mut registry);
+            tracing::info!(namespace = %status.namespace, pools = k8s.pools.len(), "watching worker pods");
+            tasks.push(tokio::spawn(discovery::watch::run(
+                client,
+                k8s.clone(),
+                fleet.clone(),
+                status.clone(),
+                dmetrics,
+                shutdown_rx.clone(),
+            )));
+            Some(status)
+        }
+        None => None,
+    };
     tasks.push(tokio::spawn(housekeeping(
         picker.clone(),
         cfg.clone(),
@@ -252,6 +289,7 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
             (None, _) => Readiness::Streams,
         },
         leases: leases.clone(),
+        discovery,
     };
     let mut rx = shutdown_rx.clone();
     tasks.push(tokio::spawn(async move {
@@ -277,6 +315,7 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         picker,
         index,
         leases,
+        fleet,
         shutdown,
         tasks,
     })
@@ -297,7 +336,10 @@ impl Running {
     /// Stops every task and waits for them (bounded).
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
-        for task in self.tasks {
+        let mut tasks = self.tasks;
+        // Discovery ends first (shutdown), so no worker joins after this.
+        tasks.extend(self.fleet.take_tasks());
+        for task in tasks {
             let abort = task.abort_handle();
             if tokio::time::timeout(Duration::from_secs(5), task)
                 .await
@@ -311,10 +353,12 @@ impl Running {
     /// Stops every task at once, as a crash would: nothing is released
     /// (write leases lapse after their TTL). Listeners close.
     pub async fn abort(self) {
-        for task in &self.tasks {
+        let mut tasks = self.tasks;
+        tasks.extend(self.fleet.take_tasks());
+        for task in &tasks {
             task.abort();
         }
-        for task in self.tasks {
+        for task in tasks {
             let _ = task.await;
         }
     }
@@ -407,7 +451,7 @@ async fn housekeeping(picker: Arc<Picker>, cfg: Config, mut shutdown: watch::Rec
             _ = stopped(&mut shutdown) => return,
             _ = tick.tick() => {}
         }
-        let workers = picker.workers.clone();
+        let workers: Vec<_> = picker.workers.iter().collect();
         let scrapes = workers.iter().filter_map(|w| {
             let url = w.cfg.metrics.as_deref()?;
             let client = &client;
@@ -421,7 +465,7 @@ async fn housekeeping(picker: Arc<Picker>, cfg: Config, mut shutdown: watch::Rec
         });
         futures::future::join_all(scrapes).await;
         picker.sweep_ledger(Instant::now());
-        for w in workers.iter() {
+        for w in workers.iter().filter(|w| !w.is_retired()) {
             let labels = Metrics::worker(&w.cfg.name);
             let up = w.is_up(cfg.scrape.down_after);
             picker

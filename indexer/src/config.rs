@@ -1,6 +1,7 @@
 //! The service configuration (YAML): every key has a default, unknown keys are
 //! rejected, and [`Config::validate`] names the field that is wrong.
 
+use crate::discovery::{DiscoveryConfig, DiscoveryError};
 use crate::index::redis::{RedisConfig, RedisConfigError};
 use serde::{Deserialize, Serialize};
 use std::{collections::HashSet, net::SocketAddr, path::PathBuf};
@@ -69,7 +70,11 @@ pub struct Config {
     pub grpc_listen: String,
     pub admin_listen: String,
     pub models: Vec<ModelConfig>,
+    /// Static workers (outside Kubernetes, or beside discovered ones).
     pub workers: Vec<WorkerConfig>,
+    /// Workers found at run time (Kubernetes pods).
+    #[serde(skip_serializing_if = "is_default")]
+    pub discovery: DiscoveryConfig,
     pub scoring: ScoringConfig,
     pub index: IndexConfig,
     pub tenants: TenantsConfig,
@@ -283,6 +288,8 @@ pub enum ConfigError {
     Duplicate { field: String, value: String },
     #[error("{field}: model {model:?} is not listed under `models`")]
     UnknownModel { field: String, model: String },
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
 }
 
 // === impl Default ===
@@ -294,6 +301,7 @@ impl Default for Config {
             admin_listen: DEFAULT_ADMIN_LISTEN.into(),
             models: Vec::new(),
             workers: Vec::new(),
+            discovery: DiscoveryConfig::default(),
             scoring: ScoringConfig::default(),
             index: IndexConfig::default(),
             tenants: TenantsConfig::default(),
@@ -460,9 +468,10 @@ impl Config {
                 return Err(invalid(&f("max_tokenize_bytes"), "must be > 0"));
             }
         }
-        if self.workers.is_empty() {
-            return Err(missing("workers"));
+        if self.workers.is_empty() && self.discovery.kubernetes.is_none() {
+            return Err(missing("workers (or discovery.kubernetes)"));
         }
+        self.discovery.validate(|name| self.model(name).is_some())?;
         let (mut names, mut endpoints) = (HashSet::new(), HashSet::new());
         for (i, w) in self.workers.iter().enumerate() {
             let f = |k: &str| format!("workers[{i}].{k}");
@@ -539,6 +548,10 @@ impl Config {
         }
         Ok(())
     }
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 /// Below this no realistic Pick fits.

@@ -5,13 +5,17 @@
 //! lookup → [`scoring`]) → endpoints. Reports come back through [`report`]
 //! into the [`ledger`] (one entry per request, from pick to its terminal
 //! report); KV events
-//! come in through [`streams`]; engine queues through [`scrape`].
+//! come in through [`streams`]; engine queues through [`scrape`]. Workers
+//! are static ([`config`]) or discovered ([`discovery`]: Kubernetes pods),
+//! and join and leave through the [`fleet`].
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod app;
 pub mod config;
+pub mod discovery;
 pub mod encode;
+pub mod fleet;
 pub mod grpc;
 pub mod index;
 pub mod keys;

@@ -35,7 +35,8 @@ pub struct KindLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AbandonLabels {
     /// `deadline`, `cancelled` (the caller went away), `reported` (its
-    /// terminal report came first).
+    /// terminal report came first), `worker_gone` (its worker left before
+    /// the commit).
     pub reason: &'static str,
 }
 
@@ -346,6 +347,36 @@ impl Metrics {
     pub fn worker(name: &str) -> WorkerLabels {
         WorkerLabels {
             worker: name.to_owned(),
+        }
+    }
+
+    /// Drops every series of a worker that left (pods come and go: their
+    /// names must not pile up in the exposition).
+    pub fn forget_worker(&self, name: &str) {
+        let labels = Self::worker(name);
+        for family in [&self.in_flight, &self.indexed_blocks, &self.worker_up] {
+            family.remove(&labels);
+        }
+        for family in [
+            &self.events_received,
+            &self.events_applied,
+            &self.events_skipped,
+            &self.malformed,
+            &self.gaps,
+            &self.replays,
+            &self.resets,
+            &self.index_write_errors,
+            &self.index_resyncs,
+            &self.engines_lost,
+        ] {
+            family.remove(&labels);
+        }
+        self.prefill_rate.remove(&labels);
+        for state in crate::streams::StreamState::ALL {
+            self.stream_state.remove(&StreamLabels {
+                worker: name.to_owned(),
+                state: state.as_str(),
+            });
         }
     }
 }

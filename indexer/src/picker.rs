@@ -4,14 +4,14 @@
 use crate::{
     config::{Config, Policy, ScoringConfig},
     encode::{Encoder, Limits, Unread},
-    index::{Index, WorkerMatch},
+    index::{Index, WorkerId, WorkerMatch},
     keys::{BlockKey, KeyContext, prompt_keys},
     ledger::{Entry, Ledger, LocalLoad, Opened},
     metrics::{AbandonLabels, Metrics, PickLabels, ReasonLabels},
     prompt::Prompt,
     routes::{RouteMemory, WorkerRoutes},
     scoring::{self, Prediction, Request, ScrapedLoad, Turn, WorkerView},
-    workers::Workers,
+    workers::{Worker, Workers},
 };
 use kvsteer_tokenize::PromptTokenizer;
 use std::{
@@ -23,13 +23,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// One model: its tokenizer, key context and workers.
+/// One model: its tokenizer and key context (its workers are those of
+/// [`Workers`] serving it at the moment of a pick).
 pub struct Model {
+    pub name: String,
     pub tokenizer: Option<Arc<PromptTokenizer>>,
     pub keys: KeyContext,
     pub block_size: u32,
-    /// Positions in [`Workers`].
-    pub workers: Vec<usize>,
     /// What its picks may tokenize.
     pub limits: Limits,
 }
@@ -154,6 +154,8 @@ pub struct Outcome {
 pub struct Placement {
     request_id: String,
     worker: usize,
+    /// The worker's id: its slot may have another worker by the commit.
+    worker_id: WorkerId,
     keys: Vec<BlockKey>,
     prediction: Prediction,
     tenant: String,
@@ -174,6 +176,9 @@ pub enum Committed {
     Recorded,
     /// Its terminal report came first: nothing recorded.
     Reported,
+    /// Its worker left between the pick and the commit: nothing recorded
+    /// (the request goes to Envoy's fallback).
+    WorkerGone,
 }
 
 pub fn policy_name(p: Policy) -> &'static str {
@@ -214,14 +219,10 @@ impl Picker {
             .iter()
             .map(|m| {
                 let model = Model {
+                    name: m.name.clone(),
                     tokenizer: tokenizers.get(&m.name).cloned(),
                     keys: KeyContext::new(&m.name, None, m.block_size),
                     block_size: m.block_size,
-                    workers: workers
-                        .iter()
-                        .filter(|w| w.cfg.model == m.name)
-                        .map(|w| w.id as usize)
-                        .collect(),
                     limits: Limits {
                         max_bytes: m.tokenize_cap(),
                         max_model_len: m.max_model_len,
@@ -230,14 +231,14 @@ impl Picker {
                 (m.name.clone(), model)
             })
             .collect();
-        let routes = RouteMemory::new(workers.len(), &cfg.scoring, ROUTE_ENTRIES);
+        let routes = RouteMemory::new(workers.capacity(), &cfg.scoring, ROUTE_ENTRIES);
         let encoder = Encoder::new(
             cfg.tokenize.large_prompt_bytes,
             cfg.tokenize.max_concurrent_large,
             metrics.clone(),
         );
         let ledger = Ledger::new(
-            workers.len(),
+            workers.capacity(),
             cfg.scoring.prefill_rate_prior,
             Duration::from_secs(cfg.scoring.in_flight_ttl_s),
             ROUTE_ENTRIES,
@@ -305,7 +306,7 @@ impl Picker {
         // without workers are answered by `place` without tokenizing.
         let ids = match (self.resolve_model(&model), prompt) {
             (_, Err(e)) => Err(Unread::Failed(e)),
-            (Ok((_, m)), Ok(p)) if !m.workers.is_empty() => self.tokenize(m, p).await,
+            (Ok((_, m)), Ok(p)) if self.workers.serves(&m.name) => self.tokenize(m, p).await,
             (_, Ok(_)) => Ok(Vec::new()),
         };
         self.place(target, |_| ids, mode, PickAt::now()).await
@@ -338,7 +339,8 @@ impl Picker {
         now: Instant,
     ) -> Option<Sight> {
         let model = self.models.get(model)?;
-        Some(self.look(model, token_ids, cache_salt, now).await)
+        let workers = self.workers.serving(&model.name);
+        Some(self.look(model, &workers, token_ids, cache_salt, now).await)
     }
 
     /// The pick proper, once the prompt's model is known: `ids` gives its
@@ -368,7 +370,8 @@ impl Picker {
                 return empty(policy, reason);
             }
         };
-        if model.workers.is_empty() {
+        let workers = self.workers.serving(&model.name);
+        if workers.is_empty() {
             self.count(mode, policy, "no_workers", &tenant, start);
             return empty(policy, "no_workers".into());
         }
@@ -383,7 +386,9 @@ impl Picker {
                 Vec::new()
             }
         };
-        let sight = self.look(model, &ids, target.cache_salt, at.now).await;
+        let sight = self
+            .look(model, &workers, &ids, target.cache_salt, at.now)
+            .await;
         let prompt_tokens = sight.request.prompt_tokens;
         if let Some(e) = &sight.index_error {
             degraded = Some("index_unavailable");
@@ -400,20 +405,16 @@ impl Picker {
         let views = &sight.views;
         let ranked = scoring::rank(self.policy, &self.scoring, sight.request, views, turn);
 
-        let candidates: Vec<Candidate> = model
-            .workers
+        let candidates: Vec<Candidate> = workers
             .iter()
             .zip(views)
-            .map(|(&i, v)| {
-                let w = self.workers.get(i).expect("registry");
-                Candidate {
-                    worker: i,
-                    name: w.cfg.name.clone(),
-                    endpoint: w.cfg.endpoint.clone(),
-                    matched_tokens: v.matched_tokens().min(prompt_tokens),
-                    prediction: scoring::predict(&self.scoring, prompt_tokens, v),
-                    in_flight: v.in_flight,
-                }
+            .map(|(w, v)| Candidate {
+                worker: w.slot,
+                name: w.cfg.name.clone(),
+                endpoint: w.cfg.endpoint.clone(),
+                matched_tokens: v.matched_tokens().min(prompt_tokens),
+                prediction: scoring::predict(&self.scoring, prompt_tokens, v),
+                in_flight: v.in_flight,
             })
             .collect();
         let Some(best) = ranked.first() else {
@@ -445,6 +446,7 @@ impl Picker {
         let placement = Placement {
             request_id: target.request_id.to_owned(),
             worker: chosen.worker,
+            worker_id: workers[best.index].id,
             keys: sight.keys,
             prediction: best.prediction,
             tenant,
@@ -469,6 +471,21 @@ impl Picker {
     /// The gRPC handler calls this last, once its caller is known to be
     /// still there ([`Mode::Deferred`]).
     pub fn commit(&self, p: Placement) -> Committed {
+        // The slot may be vacated (its ledger entries dropped) or hold a new
+        // worker by now: record nothing on it then.
+        let present = self
+            .workers
+            .get(p.worker)
+            .is_some_and(|w| w.id == p.worker_id && !w.is_retired());
+        if !present {
+            self.metrics
+                .pick_abandoned
+                .get_or_create(&AbandonLabels {
+                    reason: "worker_gone",
+                })
+                .inc();
+            return Committed::WorkerGone;
+        }
         if !p.request_id.is_empty() {
             let entry = Entry {
                 worker: p.worker,
@@ -534,10 +551,11 @@ impl Picker {
     }
 
     /// The prompt's keys, where its blocks are cached, and one view per
-    /// worker of `model` (in its order) at `now`.
+    /// worker of `model` (`workers`, in their order) at `now`.
     async fn look(
         &self,
         model: &Model,
+        workers: &[Arc<Worker>],
         ids: &[u32],
         cache_salt: Option<&str>,
         now: Instant,
@@ -557,22 +575,17 @@ impl Picker {
         }
         let (loads, queued) = self.ledger.view(&keys);
         let routes = self.routes.lookup(&keys, now, queued);
-        let (found, views) = model
-            .workers
+        let (found, views) = workers
             .iter()
-            .map(|&i| {
-                let w = self
-                    .workers
-                    .get(i)
-                    .expect("model workers come from the registry");
+            .map(|w| {
                 let found = matches.remove(&w.id);
                 let view = worker_view(
                     w.is_up(self.down_after),
                     found.as_ref(),
                     model.block_size,
-                    &loads.get(i).copied().unwrap_or_default(),
+                    &loads.get(w.slot).copied().unwrap_or_default(),
                     w.health.load(),
-                    routes.worker(i),
+                    routes.worker(w.slot),
                 );
                 (found, view)
             })

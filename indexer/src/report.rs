@@ -167,7 +167,7 @@ impl Picker {
         self.metrics.tombstones_evicted.inc_by(evicted);
         let loads = self.ledger.snapshot();
         for w in self.workers.iter() {
-            let in_flight = loads.get(w.id as usize).map_or(0, |l| l.in_flight);
+            let in_flight = loads.get(w.slot).map_or(0, |l| l.in_flight);
             self.metrics
                 .in_flight
                 .get_or_create(&Metrics::worker(&w.cfg.name))

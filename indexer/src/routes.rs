@@ -37,9 +37,10 @@ pub struct Routed {
 }
 
 struct RoutesInner {
-    /// Per block, the last time it was routed to each worker (indexed by
-    /// worker): one hash lookup per block answers for every worker.
-    last: HashMap<BlockKey, Box<[Option<Instant>]>, MixState>,
+    /// Per block, the last time it was routed to each worker that got it
+    /// (`(slot, when)`; few per block): one hash lookup per block answers
+    /// for every worker, and the size does not grow with the worker slots.
+    last: HashMap<BlockKey, Vec<(u32, Instant)>, MixState>,
     /// Routing order, for expiry; stale entries (routed again since) are
     /// skipped when they come out.
     order: VecDeque<(Instant, BlockKey, usize)>,
@@ -69,8 +70,7 @@ impl RecentRoutes {
             return;
         }
         let mut inner = self.inner.lock();
-        let workers = inner.blocks.len();
-        if worker >= workers {
+        if worker >= inner.blocks.len() {
             return;
         }
         let RoutesInner {
@@ -78,12 +78,15 @@ impl RecentRoutes {
             order,
             blocks,
         } = &mut *inner;
+        let slot = worker as u32;
         for &key in keys {
-            let slots = last
-                .entry(key)
-                .or_insert_with(|| vec![None; workers].into_boxed_slice());
-            if slots[worker].replace(now).is_none() {
-                blocks[worker] += 1;
+            let routed = last.entry(key).or_default();
+            match routed.iter_mut().find(|(w, _)| *w == slot) {
+                Some((_, at)) => *at = now,
+                None => {
+                    routed.push((slot, now));
+                    blocks[worker] += 1;
+                }
             }
             order.push_back((now, key, worker));
         }
@@ -100,17 +103,38 @@ impl RecentRoutes {
         }
         inner.expire(now.checked_sub(self.window), self.capacity);
         for key in keys {
-            let Some(slots) = inner.last.get(key) else {
+            let Some(routed) = inner.last.get(key) else {
                 continue;
             };
-            for (routed, slot) in seen.iter_mut().zip(slots.iter()) {
-                routed.prompt_blocks += u32::from(slot.is_some());
+            for &(w, _) in routed {
+                if let Some(seen) = seen.get_mut(w as usize) {
+                    seen.prompt_blocks += 1;
+                }
             }
         }
         for (routed, &blocks) in seen.iter_mut().zip(&inner.blocks) {
             routed.other_blocks = blocks.saturating_sub(u64::from(routed.prompt_blocks));
         }
         seen
+    }
+}
+
+impl RecentRoutes {
+    /// Forgets everything routed to `worker` (its slot is being vacated).
+    pub fn forget(&self, worker: usize) {
+        let mut inner = self.inner.lock();
+        let RoutesInner { last, blocks, .. } = &mut *inner;
+        let Some(count) = blocks.get_mut(worker) else {
+            return;
+        };
+        *count = 0;
+        let slot = worker as u32;
+        last.retain(|_, routed| {
+            routed.retain(|&(w, _)| w != slot);
+            !routed.is_empty()
+        });
+        // Its items in `order` no longer match an entry: skipped when they
+        // come out.
     }
 }
 
@@ -169,6 +193,12 @@ impl RouteMemory {
         self.recent.record(worker, keys, now);
         self.placements.record(worker, keys, now);
     }
+
+    /// Forgets `worker` in both memories (its slot is being vacated).
+    pub fn forget(&self, worker: usize) {
+        self.recent.forget(worker);
+        self.placements.forget(worker);
+    }
 }
 
 // === impl RouteView ===
@@ -205,16 +235,19 @@ impl RoutesInner {
                 break;
             }
             self.order.pop_front();
-            let Some(slots) = self.last.get_mut(&key) else {
+            let Some(routed) = self.last.get_mut(&key) else {
                 continue;
             };
-            if slots[worker] != Some(at) {
+            let Some(i) = routed
+                .iter()
+                .position(|&(w, t)| w as usize == worker && t == at)
+            else {
                 continue;
-            }
-            slots[worker] = None;
+            };
+            routed.swap_remove(i);
             self.blocks[worker] = self.blocks[worker].saturating_sub(1);
             entries = entries.saturating_sub(1);
-            if slots.iter().all(Option::is_none) {
+            if routed.is_empty() {
                 self.last.remove(&key);
             }
         }
@@ -288,6 +321,25 @@ mod tests {
         assert_eq!(off.lookup(&keys(0..4), t0), vec![Routed::default()]);
         // Out-of-range workers are ignored.
         r.record(5, &keys(0..4), t0);
+    }
+
+    #[test]
+    fn a_forgotten_worker_has_routed_nothing_and_its_old_items_expire_harmlessly() {
+        let r = RecentRoutes::new(3, Duration::from_secs(60), 1_000);
+        let t0 = Instant::now();
+        r.record(0, &keys(0..6), t0);
+        r.record(1, &keys(0..4), t0);
+        r.forget(1);
+        let seen = r.lookup(&keys(0..6), t0);
+        assert_eq!(seen[1], Routed::default());
+        assert_eq!(seen[0].prompt_blocks, 6);
+        // The slot's next worker starts from nothing; the old items in the
+        // expiry order do not take its entries away.
+        r.record(1, &keys(10..12), t0 + Duration::from_secs(30));
+        let later = r.lookup(&keys(10..12), t0 + Duration::from_secs(61));
+        assert_eq!(later[1].prompt_blocks, 2);
+        assert_eq!(later[0], Routed::default());
+        r.forget(9);
     }
 
     #[test]

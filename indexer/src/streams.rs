@@ -196,72 +196,88 @@ impl Gate {
     }
 }
 
-/// Starts the subscriber and the apply task of every worker with a
-/// `kv_events` endpoint (under [`Gates::Leases`], only while the lease is
-/// held). `down_after` is `scrape.down_after`. Tasks end when `shutdown`
-/// turns true.
-pub fn spawn_all(
-    workers: &Arc<Workers>,
-    index: &Index,
-    cfg: &StreamsConfig,
-    down_after: u32,
-    metrics: &Arc<Metrics>,
-    shutdown: &watch::Receiver<bool>,
-    gates: &Gates,
-) -> Vec<JoinHandle<()>> {
-    let mut tasks = Vec::new();
-    for w in workers.iter() {
-        let Some(endpoint) = w.cfg.kv_events.clone() else {
-            transition(metrics, w, StreamState::Disabled);
-            continue;
-        };
-        transition(metrics, w, StreamState::Connecting);
-        let sub = SubscriberConfig {
-            endpoint,
-            replay_endpoint: w.cfg.replay.clone(),
-            topic: w.cfg.topic(),
-            bind: w.cfg.bind,
-            max_replay_retries: cfg.max_replay_retries,
-            backoff_initial: Duration::from_millis(cfg.backoff_initial_ms),
-            backoff_max: Duration::from_millis(cfg.backoff_max_ms),
-            reconnect_max: Duration::from_millis(cfg.reconnect_max_ms),
-            idle_reconnect: cfg.idle_reconnect_s.map(Duration::from_secs),
-            down_grace: Some(Duration::from_millis(cfg.down_grace_ms)),
-        };
-        let (board, lease) = match gates {
-            Gates::Open => (None, None),
-            Gates::Leases(board) => (Some(board.clone()), board.subscribe(w.id)),
-        };
-        let task = run_worker(
-            workers.clone(),
-            w.id as usize,
-            index.clone(),
-            metrics.clone(),
-            sub,
-            cfg.channel_capacity,
-            down_after,
-            shutdown.clone(),
-            Gate {
-                board,
-                worker: w.id,
-            },
-            lease,
-        );
-        tasks.push(tokio::spawn(task));
-    }
-    tasks
+/// What every worker's stream task shares.
+#[derive(Clone)]
+pub struct StreamContext {
+    pub index: Index,
+    pub cfg: StreamsConfig,
+    /// `scrape.down_after`.
+    pub down_after: u32,
+    pub metrics: Arc<Metrics>,
+    pub shutdown: watch::Receiver<bool>,
+    pub gates: Gates,
+}
+
+/// Starts the stream task of every worker (see [`spawn_worker`]).
+pub fn spawn_all(workers: &Workers, ctx: &StreamContext) -> Vec<JoinHandle<()>> {
+    workers
+        .iter()
+        .filter_map(|w| spawn_worker(&w, ctx))
+        .collect()
+}
+
+/// Starts `w`'s subscriber and apply task when it has a `kv_events`
+/// endpoint (under [`Gates::Leases`], only while the lease is held). The
+/// task ends when `shutdown` turns true, when the worker retires or when
+/// its subscriber ends.
+pub fn spawn_worker(w: &Arc<Worker>, ctx: &StreamContext) -> Option<JoinHandle<()>> {
+    let Some(endpoint) = w.cfg.kv_events.clone() else {
+        transition(&ctx.metrics, w, StreamState::Disabled);
+        return None;
+    };
+    transition(&ctx.metrics, w, StreamState::Connecting);
+    let cfg = &ctx.cfg;
+    let sub = SubscriberConfig {
+        endpoint,
+        replay_endpoint: w.cfg.replay.clone(),
+        topic: w.cfg.topic(),
+        bind: w.cfg.bind,
+        max_replay_retries: cfg.max_replay_retries,
+        backoff_initial: Duration::from_millis(cfg.backoff_initial_ms),
+        backoff_max: Duration::from_millis(cfg.backoff_max_ms),
+        reconnect_max: Duration::from_millis(cfg.reconnect_max_ms),
+        idle_reconnect: cfg.idle_reconnect_s.map(Duration::from_secs),
+        down_grace: Some(Duration::from_millis(cfg.down_grace_ms)),
+    };
+    let (board, lease) = match &ctx.gates {
+        Gates::Open => (None, None),
+        Gates::Leases(board) => (Some(board.clone()), board.subscribe(w.id)),
+    };
+    let task = run_worker(
+        w.clone(),
+        ctx.index.clone(),
+        ctx.metrics.clone(),
+        sub,
+        cfg.channel_capacity,
+        ctx.down_after,
+        ctx.shutdown.clone(),
+        Gate {
+            board,
+            worker: w.id,
+        },
+        lease,
+    );
+    Some(tokio::spawn(task))
 }
 
 /// Marks every stream disabled (a replica that does not apply events).
 pub fn mark_disabled(workers: &Workers, metrics: &Metrics) {
     for w in workers.iter() {
-        transition(metrics, w, StreamState::Disabled);
+        transition(metrics, &w, StreamState::Disabled);
     }
+}
+
+/// Marks one worker's stream disabled (it joined a replica that does not
+/// apply events).
+pub fn mark_one_disabled(w: &Worker, metrics: &Metrics) {
+    transition(metrics, w, StreamState::Disabled);
 }
 
 /// Why a worker's subscriber was stopped.
 enum Stop {
     Shutdown,
+    /// The worker left.
+    Retired,
     /// The subscriber ended on its own.
     Ended,
     Resync,
@@ -277,8 +293,7 @@ enum Stop {
 /// starts with a purge of the worker and a replay.
 #[allow(clippy::too_many_arguments)]
 async fn run_worker(
-    workers: Arc<Workers>,
-    index_of: usize,
+    w: Arc<Worker>,
     index: Index,
     metrics: Arc<Metrics>,
     sub: SubscriberConfig,
@@ -288,9 +303,7 @@ async fn run_worker(
     gate: Gate,
     mut lease: Option<watch::Receiver<u64>>,
 ) {
-    let Some(w) = workers.get(index_of) else {
-        return;
-    };
+    let w = &*w;
     let gate = Arc::new(gate);
     let mut scrape = ScrapeWatch::new(sub.down_grace.unwrap_or(Duration::MAX), down_after);
     loop {
@@ -303,6 +316,7 @@ async fn run_worker(
                     tokio::select! {
                         biased;
                         _ = stopped(&mut shutdown) => return,
+                        _ = w.retired() => return,
                         changed = rx.changed() => {
                             if changed.is_err() {
                                 return;
@@ -325,19 +339,13 @@ async fn run_worker(
         let subscriber = spawn_probed_subscriber(sub.clone(), tx, stop_rx, w.stream.probe.clone());
         let mut health = tokio::time::interval(HEALTH_EVERY);
         health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let apply = apply_loop(
-            workers.clone(),
-            index_of,
-            index.clone(),
-            metrics.clone(),
-            rx,
-            gate.clone(),
-        );
+        let apply = apply_loop(w, index.clone(), metrics.clone(), rx, gate.clone());
         tokio::pin!(apply);
         let why = loop {
             tokio::select! {
                 biased;
                 _ = stopped(&mut shutdown) => break Stop::Shutdown,
+                _ = w.retired() => break Stop::Retired,
                 changed = lease_changed(&mut lease, epoch) => {
                     if changed {
                         break Stop::Lease;
@@ -372,7 +380,7 @@ async fn run_worker(
             tracing::warn!(worker = %w.cfg.name, "kv event subscriber did not stop in time");
         }
         match why {
-            Stop::Shutdown | Stop::Ended => return,
+            Stop::Shutdown | Stop::Retired | Stop::Ended => return,
             Stop::Lease => {
                 tracing::info!(worker = %w.cfg.name, "write lease changed; subscriber stopped");
                 continue;
@@ -488,16 +496,12 @@ async fn stopped(rx: &mut watch::Receiver<bool>) {
 
 /// Applies one worker's stream items in order until the subscriber ends.
 async fn apply_loop(
-    workers: Arc<Workers>,
-    index_of: usize,
+    w: &Worker,
     index: Index,
     metrics: Arc<Metrics>,
     mut rx: mpsc::Receiver<StreamItem>,
     gate: Arc<Gate>,
 ) {
-    let Some(w) = workers.get(index_of) else {
-        return;
-    };
     let labels = Metrics::worker(&w.cfg.name);
     while let Some(item) = rx.recv().await {
         handle(w, &index, &metrics, &labels, item, &gate).await;
@@ -667,7 +671,7 @@ mod tests {
     #[test]
     fn a_lost_engine_is_no_candidate_until_purged_or_back() {
         let (workers, metrics) = worker(None);
-        let w = workers.get(0).unwrap();
+        let w = &*workers.get(0).unwrap();
         transition(&metrics, w, StreamState::Live);
         assert!(w.is_up(3));
         // What the apply loop does on `Disconnected`.
@@ -681,7 +685,7 @@ mod tests {
     #[test]
     fn scrape_down_shows_down_purges_once_after_the_grace_and_probes_when_back() {
         let (workers, metrics) = worker(Some("http://127.0.0.1:8001/metrics"));
-        let w = workers.get(0).unwrap();
+        let w = &*workers.get(0).unwrap();
         transition(&metrics, w, StreamState::Live);
         let mut watch = ScrapeWatch::new(Duration::ZERO, 2);
         assert!(!watch.check(w, &metrics));

@@ -245,6 +245,12 @@ impl Index {
         self.purge_leftovers(worker).await
     }
 
+    /// Forget `worker`'s ingest state without touching the backend (a
+    /// replica that does not write it).
+    pub fn unregister_worker(&self, worker: WorkerId) {
+        self.inner.workers.write().remove(&worker);
+    }
+
     /// Entries the ingest map no longer knows (none, unless a backend call
     /// failed halfway) are found by a full scan.
     async fn purge_leftovers(&self, worker: WorkerId) -> Result<(), IndexError> {

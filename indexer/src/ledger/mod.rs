@@ -125,6 +125,8 @@ pub struct Ledger {
 struct Inner {
     entries: HashMap<String, Record>,
     workers: Vec<LocalLoad>,
+    /// A worker's load before anything is known of it.
+    prior: LocalLoad,
     queued: QueuedBlocks,
     /// Order in which prompts were queued, for the capacity bound; entries
     /// prefilled, ended or replaced since leave stale items, skipped.
@@ -189,6 +191,7 @@ impl Ledger {
             inner: Mutex::new(Inner {
                 entries: HashMap::new(),
                 workers: vec![load; workers],
+                prior: load,
                 queued: QueuedBlocks::new(workers),
                 queue_order: VecDeque::new(),
                 tombstones: Tombstones::new(tombstone_ttl, tombstone_capacity),
@@ -338,6 +341,39 @@ impl Ledger {
         for w in inner.workers.iter_mut().filter(|w| !w.calibrated) {
             w.prefill_rate = pooled;
         }
+    }
+
+    /// Drops every entry on `worker` and resets its load to the prior (its
+    /// slot is being vacated: the worker left). Their terminal reports, if
+    /// they still come, find no entry. Returns the entries dropped.
+    pub fn forget(&self, worker: usize) -> usize {
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        if worker >= inner.workers.len() {
+            return 0;
+        }
+        let ids: Vec<String> = inner
+            .entries
+            .iter()
+            .filter(|(_, r)| r.entry.worker == worker)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &ids {
+            inner.close(id);
+        }
+        // The slot's next worker starts uncalibrated, at the pool's rate.
+        inner.workers[worker] = inner.prior;
+        let rates: Vec<f64> = inner
+            .workers
+            .iter()
+            .filter(|w| w.calibrated)
+            .map(|w| w.prefill_rate)
+            .collect();
+        if !rates.is_empty() {
+            inner.workers[worker].prefill_rate = rates.iter().sum::<f64>() / rates.len() as f64;
+        }
+        inner.trim_queue_order();
+        ids.len()
     }
 
     /// The entry of `id`, if any.

@@ -15,8 +15,9 @@ use crate::{index::memory::MixState, keys::BlockKey};
 use std::collections::HashMap;
 
 pub(super) struct QueuedBlocks {
-    /// Per block, how many queued prompts hold it on each worker.
-    blocks: HashMap<BlockKey, Box<[u32]>, MixState>,
+    /// Per block, how many queued prompts hold it on each worker that has
+    /// one (`(slot, count)`; few per block).
+    blocks: HashMap<BlockKey, Vec<(u32, u32)>, MixState>,
     /// Blocks of all queued prompts.
     held: usize,
     workers: usize,
@@ -39,11 +40,13 @@ impl QueuedBlocks {
 
     /// A prompt with these blocks is queued on `worker` (in range).
     pub(super) fn add(&mut self, worker: usize, keys: &[BlockKey]) {
-        let workers = self.workers;
+        let slot = worker as u32;
         for &key in keys {
-            self.blocks
-                .entry(key)
-                .or_insert_with(|| vec![0; workers].into_boxed_slice())[worker] += 1;
+            let counts = self.blocks.entry(key).or_default();
+            match counts.iter_mut().find(|(w, _)| *w == slot) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((slot, 1)),
+            }
         }
         self.held += keys.len();
     }
@@ -55,8 +58,14 @@ impl QueuedBlocks {
             let Some(counts) = self.blocks.get_mut(key) else {
                 continue;
             };
-            counts[worker] = counts[worker].saturating_sub(1);
-            if counts.iter().all(|&c| c == 0) {
+            let slot = worker as u32;
+            if let Some(i) = counts.iter().position(|(w, _)| *w == slot) {
+                counts[i].1 -= 1;
+                if counts[i].1 == 0 {
+                    counts.swap_remove(i);
+                }
+            }
+            if counts.is_empty() {
                 self.blocks.remove(key);
             }
         }
@@ -72,9 +81,11 @@ impl QueuedBlocks {
                 break;
             };
             let mut extended = false;
-            for (n, &count) in leading.iter_mut().zip(counts.iter()) {
+            for &(w, _) in counts {
                 // Only a worker still in the run of held blocks goes on.
-                if count > 0 && *n as usize == i {
+                if let Some(n) = leading.get_mut(w as usize)
+                    && *n as usize == i
+                {
                     *n += 1;
                     extended = true;
                 }

@@ -264,3 +264,28 @@ fn queued_prompts_are_bounded_and_their_load_stays() {
     l.expire(t0);
     assert!(l.inner.lock().queue_order.is_empty());
 }
+
+#[test]
+fn forgetting_a_worker_drops_its_entries_and_queued_blocks_and_resets_its_load() {
+    let l = ledger(3);
+    let t0 = Instant::now();
+    l.open("a", entry(1, 500.0, t0), keys(0..4));
+    l.open("b", entry(1, 300.0, t0), Vec::new());
+    l.open("c", entry(2, 100.0, t0), keys(0..2));
+    l.set_rate(1, 5_000.0);
+    l.set_rate(2, 3_000.0);
+    assert_eq!(l.forget(1), 2);
+    assert_eq!(load(&l, 1), (0, 0, 0));
+    let w = l.snapshot()[1];
+    assert!(!w.calibrated);
+    assert_eq!(w.prefill_rate, 3_000.0, "the pool's rate, not its own");
+    // Worker 2 keeps its entry and its queued blocks.
+    assert_eq!(load(&l, 2), (1, 100, 0));
+    assert_eq!(l.view(&keys(0..4)).1, vec![0, 0, 2]);
+    // A late report of a forgotten entry changes nothing.
+    assert_eq!(l.finish("a", t0), Finished::Tombstoned);
+    assert_eq!(load(&l, 1), (0, 0, 0));
+    l.finish("c", t0);
+    assert!(idle(&l));
+    assert_eq!(l.forget(7), 0);
+}

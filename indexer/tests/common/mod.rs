@@ -3,6 +3,8 @@
 //! events. Each test file uses a subset.
 #![allow(dead_code)]
 
+pub mod fake_kube;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::{

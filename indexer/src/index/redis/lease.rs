@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 
 use super::RedisBackend;
@@ -50,11 +50,16 @@ pub fn replica_id() -> String {
     )
 }
 
-/// This replica's view of every managed worker's lease.
+/// This replica's view of every managed worker's lease. Workers join and
+/// leave at run time (discovered pods): [`LeaseBoard::add`],
+/// [`LeaseBoard::remove`].
 pub struct LeaseBoard {
     id: String,
     ttl: Duration,
-    entries: Vec<Entry>,
+    entries: RwLock<Vec<Arc<Entry>>>,
+    /// The workers of the last [`LeaseBoard::request`], in its order: what
+    /// [`LeaseBoard::settle`]'s answers stand for.
+    asked: Mutex<Vec<WorkerId>>,
     rounds: AtomicU64,
     epochs: AtomicU64,
 }
@@ -65,6 +70,17 @@ struct Entry {
     state: Mutex<State>,
     /// 0: not held; otherwise the epoch of the current holding.
     epoch: watch::Sender<u64>,
+}
+
+impl Entry {
+    fn new(worker: WorkerId, name: String) -> Self {
+        Self {
+            worker,
+            name,
+            state: Mutex::new(State::default()),
+            epoch: watch::channel(0).0,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -104,18 +120,15 @@ impl LeaseBoard {
         ttl: Duration,
         workers: impl IntoIterator<Item = (WorkerId, String)>,
     ) -> Self {
+        let entries: Vec<Arc<Entry>> = workers
+            .into_iter()
+            .map(|(worker, name)| Arc::new(Entry::new(worker, name)))
+            .collect();
         Self {
             id,
             ttl,
-            entries: workers
-                .into_iter()
-                .map(|(worker, name)| Entry {
-                    worker,
-                    name,
-                    state: Mutex::new(State::default()),
-                    epoch: watch::channel(0).0,
-                })
-                .collect(),
+            asked: Mutex::new(entries.iter().map(|e| e.worker).collect()),
+            entries: RwLock::new(entries),
             rounds: AtomicU64::new(0),
             epochs: AtomicU64::new(0),
         }
@@ -134,8 +147,41 @@ impl LeaseBoard {
         self.ttl * 2 / 3
     }
 
-    fn entry(&self, worker: WorkerId) -> Option<&Entry> {
-        self.entries.iter().find(|e| e.worker == worker)
+    fn entry(&self, worker: WorkerId) -> Option<Arc<Entry>> {
+        self.entries
+            .read()
+            .iter()
+            .find(|e| e.worker == worker)
+            .cloned()
+    }
+
+    fn snapshot(&self) -> Vec<Arc<Entry>> {
+        self.entries.read().clone()
+    }
+
+    /// Manages `worker`'s lease from the next round on (not held yet).
+    pub fn add(&self, worker: WorkerId, name: String) {
+        let mut entries = self.entries.write();
+        if !entries.iter().any(|e| e.worker == worker) {
+            entries.push(Arc::new(Entry::new(worker, name)));
+        }
+    }
+
+    /// Stops managing `worker`'s lease (the worker left); its stream task
+    /// sees epoch 0. Returns whether this replica held it (the caller
+    /// releases it in Redis).
+    pub fn remove(&self, worker: WorkerId) -> bool {
+        let removed = {
+            let mut entries = self.entries.write();
+            let i = entries.iter().position(|e| e.worker == worker);
+            i.map(|i| entries.swap_remove(i))
+        };
+        let Some(e) = removed else {
+            return false;
+        };
+        let held = e.state.lock().renewed.take().is_some();
+        e.epoch.send_replace(0);
+        held
     }
 
     /// The holding epoch of `worker` (0 = not held), for its stream task.
@@ -163,8 +209,8 @@ impl LeaseBoard {
         })
     }
 
-    pub fn managed(&self) -> impl Iterator<Item = WorkerId> + '_ {
-        self.entries.iter().map(|e| e.worker)
+    pub fn managed(&self) -> Vec<WorkerId> {
+        self.entries.read().iter().map(|e| e.worker).collect()
     }
 
     /// Rounds completed (successful or not).
@@ -176,10 +222,14 @@ impl LeaseBoard {
     /// extended, so a lease that vanished (expired, Redis restarted empty)
     /// shows as lost before it is taken again under a new epoch.
     pub fn request(&self) -> Vec<(WorkerId, bool)> {
-        self.entries
+        let request: Vec<(WorkerId, bool)> = self
+            .entries
+            .read()
             .iter()
             .map(|e| (e.worker, e.state.lock().renewed.is_none()))
-            .collect()
+            .collect();
+        *self.asked.lock() = request.iter().map(|&(w, _)| w).collect();
+        request
     }
 
     /// Apply a round sent at `sent`: `holders` in [`Self::request`] order,
@@ -195,7 +245,12 @@ impl LeaseBoard {
             changes.extend(self.expire(Instant::now()));
             return changes;
         };
-        for (e, holder) in self.entries.iter().zip(holders) {
+        let asked = self.asked.lock().clone();
+        for (worker, holder) in asked.into_iter().zip(holders) {
+            // A worker that left since the request is no longer ours to settle.
+            let Some(e) = self.entry(worker) else {
+                continue;
+            };
             let ours = holder.as_deref() == Some(self.id.as_str());
             let mut s = e.state.lock();
             s.holder = holder.clone();
@@ -232,7 +287,7 @@ impl LeaseBoard {
     /// Drop the leases whose last renewal is too old to write under.
     pub fn expire(&self, now: Instant) -> Vec<Change> {
         let mut changes = Vec::new();
-        for e in &self.entries {
+        for e in self.snapshot() {
             let mut s = e.state.lock();
             if s.renewed
                 .is_some_and(|r| now.saturating_duration_since(r) >= self.validity())
@@ -251,7 +306,7 @@ impl LeaseBoard {
     /// Stop holding everything (shutdown); returns the workers that were held.
     pub fn drop_all(&self) -> Vec<WorkerId> {
         let mut held = Vec::new();
-        for e in &self.entries {
+        for e in self.snapshot() {
             let mut s = e.state.lock();
             if s.renewed.take().is_some() {
                 held.push(e.worker);
@@ -261,20 +316,23 @@ impl LeaseBoard {
         held
     }
 
-    fn name(&self, worker: WorkerId) -> &str {
-        self.entry(worker).map_or("?", |e| e.name.as_str())
+    fn name(&self, worker: WorkerId) -> String {
+        self.entry(worker)
+            .map_or_else(|| worker.to_string(), |e| e.name.clone())
     }
 
     fn record(&self, changes: &[Change], metrics: &RedisMetrics) {
         for c in changes {
             match *c {
                 Change::Acquired { worker, epoch } => {
-                    tracing::info!(worker = self.name(worker), epoch, replica = %self.id, "write lease acquired");
-                    metrics.lease_acquired(self.name(worker));
+                    let name = self.name(worker);
+                    tracing::info!(worker = %name, epoch, replica = %self.id, "write lease acquired");
+                    metrics.lease_acquired(&name);
                 }
                 Change::Lost { worker, reason } => {
-                    tracing::warn!(worker = self.name(worker), ?reason, replica = %self.id, "write lease lost; stopped applying");
-                    metrics.lease_lost(self.name(worker), reason);
+                    let name = self.name(worker);
+                    tracing::warn!(worker = %name, ?reason, replica = %self.id, "write lease lost; stopped applying");
+                    metrics.lease_lost(&name, reason);
                 }
             }
         }
@@ -289,7 +347,7 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let metrics = backend.metrics().clone();
-    for e in &board.entries {
+    for e in board.snapshot() {
         metrics.lease_idle(&e.name);
     }
     let mut tick = tokio::time::interval(board.ttl() / 3);
@@ -313,7 +371,7 @@ pub async fn run(
     }
     let held = board.drop_all();
     for w in &held {
-        metrics.lease_lost(board.name(*w), LossReason::released);
+        metrics.lease_lost(&board.name(*w), LossReason::released);
     }
     if let Err(error) = backend.release_leases(&held, board.id()).await {
         tracing::debug!(%error, "lease release failed; they lapse after their TTL");
