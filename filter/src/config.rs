@@ -6,6 +6,11 @@
 
 use serde::Deserialize;
 
+/// The initial-metadata header naming the indexer replica a report goes to
+/// (`PickResponse.replica`): the indexer cluster's `override_host` policy
+/// must read it (see `envoy/local/envoy.yaml`).
+pub const REPLICA_HEADER: &str = "x-kvsteer-replica";
+
 use crate::admission::Api;
 
 pub const DEFAULT_INDEXER_CLUSTER: &str = "kvsteer_indexer";

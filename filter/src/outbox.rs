@@ -64,9 +64,8 @@ impl Outbox {
     }
 
     pub fn push(&mut self, report: ReportRequest) -> Queued {
-        let report = match self.absorb_first_token(report) {
-            Ok(()) => return Queued::Merged,
-            Err(report) => report,
+        let Some(report) = self.absorb_first_token(report) else {
+            return Queued::Merged;
         };
         if self.queue.len() >= self.capacity {
             return Queued::Full;
@@ -83,20 +82,21 @@ impl Outbox {
 
     /// A DONE without a first token replaces the same pick's waiting
     /// FIRST_TOKEN, taking over its time and whether it was measured.
-    fn absorb_first_token(&mut self, mut done: ReportRequest) -> Result<(), ReportRequest> {
+    /// Returns the report when it was not absorbed.
+    fn absorb_first_token(&mut self, mut done: ReportRequest) -> Option<ReportRequest> {
         if done.kind != ReportKind::Done as i32 || done.first_token_ms.is_some() {
-            return Err(done);
+            return Some(done);
         }
         let Some(at) = self.queue.iter().position(|r| {
             r.kind == ReportKind::FirstToken as i32 && r.request_id == done.request_id
         }) else {
-            return Err(done);
+            return Some(done);
         };
         let first = &self.queue[at];
         done.first_token_ms = Some(first.elapsed_ms);
         done.ttft_measured = first.ttft_measured;
         self.queue[at] = done;
-        Ok(())
+        None
     }
 }
 

@@ -18,6 +18,9 @@ pub enum PickOutcome {
         destination: Option<String>,
         /// New request body, when the indexer rewrote it.
         replacement_body: Option<Vec<u8>>,
+        /// The indexer replica that answered (`ip:port`), where the
+        /// request's reports go; `None` when it advertised none.
+        replica: Option<String>,
     },
     /// Answer the client with this local reply; nothing goes upstream.
     Reject { status: u32, body: Vec<u8> },
@@ -47,9 +50,14 @@ fn outcome(response: PickResponse) -> PickOutcome {
         .map(|e| e.trim())
         .filter(|e| e.parse::<SocketAddr>().is_ok())
         .collect();
+    let replica = response.replica.trim();
     PickOutcome::Forward {
         destination: (!endpoints.is_empty()).then(|| endpoints.join(",")),
         replacement_body: response.replacement_body,
+        replica: replica
+            .parse::<SocketAddr>()
+            .is_ok()
+            .then(|| replica.to_owned()),
     }
 }
 
@@ -140,6 +148,7 @@ mod tests {
             PickOutcome::Forward {
                 destination: Some("10.0.0.2:8000,10.0.0.1:8000,[::1]:9".into()),
                 replacement_body: None,
+                replica: None,
             }
         );
     }
@@ -156,6 +165,7 @@ mod tests {
             PickOutcome::Forward {
                 destination: Some("10.0.0.1:80".into()),
                 replacement_body: None,
+                replica: None,
             }
         );
         for answer in [endpoints(&[]), endpoints(&["", "host:port"])] {
@@ -164,8 +174,26 @@ mod tests {
                 PickOutcome::Forward {
                     destination: None,
                     replacement_body: None,
+                    replica: None,
                 }
             );
+        }
+    }
+
+    #[test]
+    fn the_answering_replica_is_kept_when_it_is_an_address() {
+        let mut answer = endpoints(&["10.0.0.1:8000"]);
+        answer.replica = " 10.1.0.7:9090 ".into();
+        let PickOutcome::Forward { replica, .. } = decide(&encode(answer.clone())) else {
+            panic!("expected a forward");
+        };
+        assert_eq!(replica.as_deref(), Some("10.1.0.7:9090"));
+        for bad in ["", "indexer-0", "10.1.0.7"] {
+            answer.replica = bad.into();
+            let PickOutcome::Forward { replica, .. } = decide(&encode(answer.clone())) else {
+                panic!("expected a forward");
+            };
+            assert_eq!(replica, None, "{bad:?}");
         }
     }
 
@@ -272,7 +300,8 @@ mod tests {
             decide(&[]),
             PickOutcome::Forward {
                 destination: None,
-                replacement_body: None
+                replacement_body: None,
+                replica: None,
             }
         );
     }

@@ -228,6 +228,7 @@ pub fn report_request(
         ttft_measured: report.ttft_measured
             && (report.kind == ReportKind::FirstToken || first_token_ms.is_some()),
         first_token_ms,
+        replica: String::new(),
     }
 }
 

@@ -257,7 +257,17 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
 
     // A Pick carries the whole prompt: tonic's default 4 MB decode limit
     // would refuse the 4-8 MiB bodies the filter buffers.
-    let service = RouterService::new(picker.clone())
+    let replica = cfg.grpc.advertise.clone().unwrap_or_else(|| {
+        std::env::var("POD_IP")
+            .ok()
+            .filter(|ip| !ip.is_empty())
+            .map(|ip| match ip.parse::<std::net::IpAddr>() {
+                Ok(std::net::IpAddr::V6(v6)) => format!("[{v6}]:{}", grpc_addr.port()),
+                _ => format!("{ip}:{}", grpc_addr.port()),
+            })
+            .unwrap_or_default()
+    });
+    let service = RouterService::new(picker.clone(), replica.clone())
         .into_server()
         .max_decoding_message_size(cfg.grpc.max_message_bytes);
     let mut rx = shutdown_rx.clone();
@@ -307,6 +317,7 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         index = ?cfg.index.backend,
         writer = writer.as_str(),
         replica = leases.as_ref().map(|b| b.id()),
+        advertise = %replica,
         "kvsteer-indexer started"
     );
     Ok(Running {

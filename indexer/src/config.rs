@@ -256,6 +256,13 @@ pub struct GrpcConfig {
     /// `max_body_bytes`: a larger Pick is refused and the request goes
     /// unsteered.
     pub max_message_bytes: usize,
+    /// This replica's gRPC address as Envoy's indexer cluster knows it
+    /// (`ip:port`): answered with every pick, so that the filter sends the
+    /// request's reports to the replica holding its ledger entry. Default:
+    /// `$POD_IP:<grpc_listen port>` when `POD_IP` is set, else none (one
+    /// replica, or reports to any).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise: Option<String>,
 }
 
 /// Bounds on the tokenization work one pick may cause.
@@ -329,6 +336,7 @@ impl Default for GrpcConfig {
     fn default() -> Self {
         Self {
             max_message_bytes: DEFAULT_GRPC_MAX_MESSAGE_BYTES,
+            advertise: None,
         }
     }
 }
@@ -525,6 +533,9 @@ impl Config {
                 "grpc.max_message_bytes",
                 "must be at least 65536 (a Pick carries the whole prompt)",
             ));
+        }
+        if let Some(a) = &self.grpc.advertise {
+            socket_addr("grpc.advertise", a)?;
         }
         if self.tokenize.max_concurrent_large == 0 {
             return Err(invalid("tokenize.max_concurrent_large", "must be > 0"));

@@ -30,6 +30,8 @@ use tonic::{Request, Response, Status, metadata::MetadataMap};
 #[derive(Clone)]
 pub struct RouterService {
     picker: Arc<Picker>,
+    /// This replica's advertised address (`PickResponse.replica`).
+    replica: String,
 }
 
 /// Counts a pick abandoned unless [`Self::disarm`]ed: when the handler's
@@ -43,8 +45,10 @@ struct Abandon<'a> {
 // === impl RouterService ===
 
 impl RouterService {
-    pub fn new(picker: Arc<Picker>) -> Self {
-        Self { picker }
+    /// `replica`: this replica's gRPC address as the filter's indexer
+    /// cluster knows it (empty: none advertised, reports go anywhere).
+    pub fn new(picker: Arc<Picker>, replica: String) -> Self {
+        Self { picker, replica }
     }
 
     pub fn into_server(self) -> RouterServer<Self> {
@@ -62,7 +66,7 @@ pub fn pick_input(req: &pb::PickRequest) -> PickInput {
     }
 }
 
-pub fn pick_response(out: Outcome) -> pb::PickResponse {
+pub fn pick_response(out: Outcome, replica: &str) -> pb::PickResponse {
     let d = out.decision;
     pb::PickResponse {
         endpoints: out.endpoints,
@@ -77,6 +81,7 @@ pub fn pick_response(out: Outcome) -> pb::PickResponse {
         }),
         replacement_body: None,
         rejection: None,
+        replica: replica.to_owned(),
     }
 }
 
@@ -165,7 +170,7 @@ impl Router for RouterService {
         // Nothing to commit (no choice): the answer is all there is.
         let Some(placement) = out.placement.take() else {
             abandon.disarm();
-            return Ok(Response::new(pick_response(out)));
+            return Ok(Response::new(pick_response(out, &self.replica)));
         };
         if !abandon.expired() {
             // Where a reset stream (the caller gone) drops this future.
@@ -179,7 +184,7 @@ impl Router for RouterService {
         }
         abandon.disarm();
         self.picker.commit(placement);
-        Ok(Response::new(pick_response(out)))
+        Ok(Response::new(pick_response(out, &self.replica)))
     }
 
     async fn report(

@@ -39,6 +39,10 @@ pub struct ClusterOptions {
     pub sims: Vec<SimOptions>,
     /// Extra YAML appended to the indexer's `scoring:` section.
     pub scoring_extra: String,
+    /// Indexer replicas beyond the first (gRPC 9190, 9290…; admin one
+    /// above), each in Envoy's indexer cluster, each on its own memory
+    /// index fed by every worker's events.
+    pub extra_indexers: usize,
 }
 
 impl ClusterOptions {
@@ -46,6 +50,7 @@ impl ClusterOptions {
         ClusterOptions {
             sims: vec![sim; 3],
             scoring_extra: String::new(),
+            extra_indexers: 0,
         }
     }
 }
@@ -57,6 +62,8 @@ pub struct Cluster {
     opts: ClusterOptions,
     sims: Vec<Option<Proc>>,
     indexer: Option<Proc>,
+    /// Replicas 2, 3, … (`ClusterOptions::extra_indexers`).
+    replicas: Vec<Option<Proc>>,
     envoy: Option<Proc>,
     /// Logs and generated configs; declared last so it outlives the processes.
     dir: tempfile::TempDir,
@@ -79,12 +86,16 @@ impl Cluster {
             dir,
             sims: (0..n).map(|_| None).collect(),
             indexer: None,
+            replicas: Vec::new(),
             envoy: None,
         };
         for i in 0..n {
             cluster.start_sim(i).await?;
         }
         cluster.start_indexer().await?;
+        for r in 1..=cluster.opts.extra_indexers {
+            cluster.start_replica(r).await?;
+        }
         cluster.start_envoy().await?;
         Ok(cluster)
     }
@@ -146,6 +157,67 @@ impl Cluster {
     }
 
     pub async fn start_indexer(&mut self) -> anyhow::Result<()> {
+        let path = self.indexer_config(0)?;
+        let mut cmd = Command::new(self.paths.indexer());
+        cmd.current_dir(&self.paths.root)
+            .env("RUST_LOG", "info")
+            .arg("serve")
+            .arg("--config")
+            .arg(&path);
+        self.indexer = Some(Proc::spawn("indexer", cmd, self.dir.path())?);
+        wait_http_ok(&self.admin_url("/readyz"), START_LIMIT).await?;
+        let n = self.sims.iter().filter(|s| s.is_some()).count();
+        self.wait_streams_live(n).await
+    }
+
+    /// Replica `r` (1, 2, …) of the indexer: gRPC on 9090 + 100·r, admin
+    /// one above, advertising its gRPC address.
+    pub async fn start_replica(&mut self, r: usize) -> anyhow::Result<()> {
+        let path = self.indexer_config(r)?;
+        let mut cmd = Command::new(self.paths.indexer());
+        cmd.current_dir(&self.paths.root)
+            .env("RUST_LOG", "info")
+            .arg("serve")
+            .arg("--config")
+            .arg(&path);
+        let proc = Proc::spawn(&format!("indexer-{}", r + 1), cmd, self.dir.path())?;
+        while self.replicas.len() < r {
+            self.replicas.push(None);
+        }
+        self.replicas[r - 1] = Some(proc);
+        wait_http_ok(&self.replica_admin_url(r, "/readyz"), START_LIMIT).await
+    }
+
+    /// Kills replica `r` (1, 2, …) at once.
+    pub fn kill_replica(&mut self, r: usize) {
+        if let Some(p) = self.replicas.get_mut(r - 1).and_then(Option::take) {
+            p.kill();
+        }
+    }
+
+    /// Sends `signal` to replica `r` (1, 2, …) without reaping it.
+    pub fn signal_replica(&self, r: usize, signal: &str) -> anyhow::Result<()> {
+        let pid = self
+            .replicas
+            .get(r - 1)
+            .and_then(Option::as_ref)
+            .context("the replica is not running")?
+            .id();
+        let status = Command::new("kill")
+            .args(["-s", signal, &pid.to_string()])
+            .status()
+            .context("running kill")?;
+        anyhow::ensure!(status.success(), "kill -s {signal} {pid}: {status}");
+        Ok(())
+    }
+
+    /// The admin URL of replica `r` (0: the first indexer).
+    pub fn replica_admin_url(&self, r: usize, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", 9091 + 100 * r)
+    }
+
+    /// The config of replica `r` (0: the first) in the scratch directory.
+    fn indexer_config(&self, r: usize) -> anyhow::Result<std::path::PathBuf> {
         let template = std::fs::read_to_string(self.paths.root.join("envoy/local/indexer.yaml"))
             .context("reading envoy/local/indexer.yaml")?;
         let tokenizer = self.paths.tokenizer();
@@ -159,18 +231,15 @@ impl Cluster {
                 &format!("scoring:\n{}\n", self.opts.scoring_extra),
             );
         }
-        let path = self.dir.path().join("indexer.yaml");
+        if r > 0 {
+            let (grpc, admin) = (9090 + 100 * r, 9091 + 100 * r);
+            config = config
+                .replace("127.0.0.1:9090", &format!("127.0.0.1:{grpc}"))
+                .replace("127.0.0.1:9091", &format!("127.0.0.1:{admin}"));
+        }
+        let path = self.dir.path().join(format!("indexer-{}.yaml", r + 1));
         std::fs::write(&path, config)?;
-        let mut cmd = Command::new(self.paths.indexer());
-        cmd.current_dir(&self.paths.root)
-            .env("RUST_LOG", "info")
-            .arg("serve")
-            .arg("--config")
-            .arg(&path);
-        self.indexer = Some(Proc::spawn("indexer", cmd, self.dir.path())?);
-        wait_http_ok(&self.admin_url("/readyz"), START_LIMIT).await?;
-        let n = self.sims.iter().filter(|s| s.is_some()).count();
-        self.wait_streams_live(n).await
+        Ok(path)
     }
 
     pub fn stop_indexer(&mut self) {
@@ -180,9 +249,29 @@ impl Cluster {
     }
 
     async fn start_envoy(&mut self) -> anyhow::Result<()> {
+        let mut config = self.paths.root.join("envoy/local/envoy.yaml");
+        if self.opts.extra_indexers > 0 {
+            // The replicas join the first indexer's endpoint in the cluster.
+            let text = std::fs::read_to_string(&config)?;
+            let first = "socket_address: { address: 127.0.0.1, port_value: 9090 }";
+            anyhow::ensure!(text.contains(first), "envoy.yaml: no indexer endpoint");
+            let indent =
+                "\n              - endpoint:\n                  address:\n                    ";
+            let more: String = (1..=self.opts.extra_indexers)
+                .map(|r| {
+                    format!(
+                        "{indent}socket_address: {{ address: 127.0.0.1, port_value: {} }}",
+                        9090 + 100 * r
+                    )
+                })
+                .collect();
+            config = self.dir.path().join("envoy.yaml");
+            std::fs::write(&config, text.replace(first, &format!("{first}{more}")))?;
+        }
         let mut cmd = Command::new(&self.paths.envoy);
         cmd.current_dir(&self.paths.root)
-            .args(["-c", "envoy/local/envoy.yaml"])
+            .arg("-c")
+            .arg(&config)
             .args(["--disable-hot-restart", "--log-level", "info"]);
         self.envoy = Some(Proc::spawn("envoy", cmd, self.dir.path())?);
         wait_http_ok("http://127.0.0.1:9901/ready", START_LIMIT).await

@@ -64,10 +64,12 @@ pub(crate) fn elapsed_ms(since: Option<SystemTime>) -> f64 {
     }
 }
 
-/// Starts a unary gRPC call to `kvsteer.v1.Router/<method>` on `cluster`.
+/// Starts a unary gRPC call to `kvsteer.v1.Router/<method>` on `cluster`,
+/// with `metadata` as initial metadata (request headers).
 pub(crate) fn grpc_call(
     cluster: &str,
     method: &str,
+    metadata: Vec<(&str, &[u8])>,
     message: &[u8],
     timeout: Duration,
 ) -> Result<u32, Status> {
@@ -75,7 +77,7 @@ pub(crate) fn grpc_call(
         cluster,
         kvsteer_proto::paths::SERVICE,
         method,
-        Vec::new(),
+        metadata,
         Some(message),
         timeout,
     )

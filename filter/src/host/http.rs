@@ -57,6 +57,8 @@ pub(crate) struct KvsteerHttp {
     phase: Phase,
     /// This stream's pick id (the filter's own, never a client header).
     pick_id: String,
+    /// The indexer replica that answered the pick: its reports go there.
+    replica: String,
     tracker: ReportTracker,
     facts: ResponseFacts,
     resumed_at: Option<SystemTime>,
@@ -72,6 +74,7 @@ impl KvsteerHttp {
             shared,
             phase: Phase::Idle,
             pick_id: String::new(),
+            replica: String::new(),
             tracker: ReportTracker::default(),
             facts: ResponseFacts::default(),
             resumed_at: None,
@@ -119,7 +122,8 @@ impl KvsteerHttp {
             return;
         }
         let usage = self.usage.usage();
-        let request = report::report_request(&self.pick_id, &report, &self.facts, usage);
+        let mut request = report::report_request(&self.pick_id, &report, &self.facts, usage);
+        request.replica.clone_from(&self.replica);
         shared.queue_report(request);
     }
 
@@ -169,6 +173,7 @@ impl KvsteerHttp {
         match calls::grpc_call(
             &shared.config.indexer_cluster,
             paths::PICK,
+            Vec::new(),
             &message,
             timeout,
         ) {
@@ -248,7 +253,9 @@ impl KvsteerHttp {
             PickOutcome::Forward {
                 destination,
                 replacement_body,
+                replica,
             } => {
+                self.replica = replica.unwrap_or_default();
                 if let Some(body) = replacement_body {
                     self.replace_body(body_len, &body);
                 }

@@ -19,7 +19,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, GrpcStatusCode};
 
-use crate::config::FilterConfig;
+use crate::config::{FilterConfig, REPLICA_HEADER};
 use crate::host::calls::{self, Metrics};
 use crate::host::http::KvsteerHttp;
 use crate::metrics::Counter;
@@ -101,9 +101,17 @@ impl Shared {
     fn send(&self, report: ReportRequest, attempt: u8) {
         let timeout = Duration::from_millis(self.config.timeout_ms);
         let message = report.encode_to_vec();
+        // To the replica that answered the pick (Envoy's override_host on
+        // the indexer cluster); any replica when it advertised none.
+        let metadata = if report.replica.is_empty() {
+            Vec::new()
+        } else {
+            vec![(REPLICA_HEADER, report.replica.as_bytes())]
+        };
         match calls::grpc_call(
             &self.config.indexer_cluster,
             paths::REPORT,
+            metadata,
             &message,
             timeout,
         ) {

@@ -169,6 +169,12 @@ pub struct PickResponse {
     /// When set, the filter answers the client itself and does not forward.
     #[prost(message, optional, tag = "4")]
     pub rejection: ::core::option::Option<Rejection>,
+    /// The answering indexer replica's gRPC address ("ip:port", as the filter's
+    /// indexer cluster knows it), empty when it advertises none. The filter
+    /// sends the request's reports there (Envoy's override_host on the
+    /// indexer cluster): the replica holding the pick's ledger entry.
+    #[prost(string, tag = "5")]
+    pub replica: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -236,6 +242,10 @@ pub struct ReportRequest {
     /// arrived in one chunk). The indexer then applies first token and end together.
     #[prost(double, optional, tag = "8")]
     pub first_token_ms: ::core::option::Option<f64>,
+    /// The replica that answered the pick (`PickResponse.replica`): the filter
+    /// routes the report there; the indexer does not read it.
+    #[prost(string, tag = "9")]
+    pub replica: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
