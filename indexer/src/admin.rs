@@ -120,6 +120,7 @@ async fn workers(State(s): State<AdminState>) -> Json<Value> {
                 "endpoint": w.cfg.endpoint,
                 "model": w.cfg.model,
                 "source": source(&w.origin),
+                "adapters": *w.adapters(),
                 "retiring": w.is_retired(),
                 "stream": {
                     "state": w.stream.state().as_str(),

@@ -472,6 +472,15 @@ async fn housekeeping(picker: Arc<Picker>, cfg: Config, mut shutdown: watch::Rec
                     tracing::debug!(worker = %w.cfg.name, %error, "scrape failed");
                 }
                 w.health.record(r, Instant::now());
+                // The adapters it serves (kept as they were when this fails).
+                if let Some(models) = scrape::models_url(url) {
+                    match scrape::adapters(client, &models, timeout).await {
+                        Ok(adapters) => w.set_adapters(adapters),
+                        Err(error) => {
+                            tracing::debug!(worker = %w.cfg.name, %error, "model list scrape failed");
+                        }
+                    }
+                }
             })
         });
         futures::future::join_all(scrapes).await;

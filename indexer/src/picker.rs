@@ -92,6 +92,15 @@ pub struct Sight {
     pub index_error: Option<String>,
 }
 
+/// A request's `model` resolved: the served model and, for a LoRA
+/// adapter, its name.
+struct Resolved<'a> {
+    model: &'a Model,
+    lora: Option<&'a str>,
+    /// The request named no model: the only one served.
+    defaulted: bool,
+}
+
 /// The parts of a request a pick needs besides its prompt.
 struct Target<'a> {
     request_id: &'a str,
@@ -306,7 +315,7 @@ impl Picker {
         // without workers are answered by `place` without tokenizing.
         let ids = match (self.resolve_model(&model), prompt) {
             (_, Err(e)) => Err(Unread::Failed(e)),
-            (Ok((_, m)), Ok(p)) if self.workers.serves(&m.name) => self.tokenize(m, p).await,
+            (Ok(r), Ok(p)) if !self.candidates(&r).is_empty() => self.tokenize(r.model, p).await,
             (_, Ok(_)) => Ok(Vec::new()),
         };
         self.place(target, |_| ids, mode, PickAt::now()).await
@@ -340,7 +349,10 @@ impl Picker {
     ) -> Option<Sight> {
         let model = self.models.get(model)?;
         let workers = self.workers.serving(&model.name);
-        Some(self.look(model, &workers, token_ids, cache_salt, now).await)
+        Some(
+            self.look(model, &model.keys, &workers, token_ids, cache_salt, now)
+                .await,
+        )
     }
 
     /// The pick proper, once the prompt's model is known: `ids` gives its
@@ -357,20 +369,26 @@ impl Picker {
         let start = target.start;
         let policy = policy_name(self.policy);
         let tenant = self.metrics.tenant_label(target.tenant);
-        let model = match self.resolve_model(target.model) {
-            Ok((name, model)) => {
-                if name != target.model && mode != Mode::DryRun {
+        let resolved = match self.resolve_model(target.model) {
+            Ok(r) => {
+                if r.defaulted && mode != Mode::DryRun {
                     self.metrics.model_defaulted.inc();
-                    tracing::debug!(model = %name, request_id = %target.request_id, "no model in the request: the only one served");
+                    tracing::debug!(model = %r.model.name, request_id = %target.request_id, "no model in the request: the only one served");
                 }
-                model
+                r
             }
             Err(reason) => {
                 self.count(mode, policy, "unknown_model", &tenant, start);
                 return empty(policy, reason);
             }
         };
-        let workers = self.workers.serving(&model.name);
+        let model = resolved.model;
+        let workers = self.candidates(&resolved);
+        // An adapter's blocks are keyed with its name, as its engine's are.
+        let keys_ctx = match resolved.lora {
+            Some(lora) => model.keys.with_lora(Some(lora)),
+            None => model.keys.clone(),
+        };
         if workers.is_empty() {
             self.count(mode, policy, "no_workers", &tenant, start);
             return empty(policy, "no_workers".into());
@@ -387,7 +405,7 @@ impl Picker {
             }
         };
         let sight = self
-            .look(model, &workers, &ids, target.cache_salt, at.now)
+            .look(model, &keys_ctx, &workers, &ids, target.cache_salt, at.now)
             .await;
         let prompt_tokens = sight.request.prompt_tokens;
         if let Some(e) = &sight.index_error {
@@ -533,16 +551,36 @@ impl Picker {
     /// The request's model: by name, or the only one served when the
     /// request names none (OpenAI clients may leave `model` out when a
     /// server has one). Otherwise the reason the pick has no opinion.
-    fn resolve_model<'a>(&'a self, name: &'a str) -> Result<(&'a str, &'a Model), String> {
+    fn resolve_model<'a>(&'a self, name: &'a str) -> Result<Resolved<'a>, String> {
         if let Some(model) = self.models.get(name) {
-            return Ok((name, model));
+            return Ok(Resolved {
+                model,
+                lora: None,
+                defaulted: false,
+            });
         }
         if !name.is_empty() {
-            return Err(format!("unknown_model: {name:?}"));
+            // A LoRA adapter some worker serves (its `/v1/models`).
+            return match self
+                .workers
+                .adapter_base(name)
+                .and_then(|base| self.models.get(&base))
+            {
+                Some(model) => Ok(Resolved {
+                    model,
+                    lora: Some(name),
+                    defaulted: false,
+                }),
+                None => Err(format!("unknown_model: {name:?}")),
+            };
         }
         let mut served = self.models.iter();
         match (served.next(), served.next()) {
-            (Some((only, model)), None) => Ok((only.as_str(), model)),
+            (Some((_, model)), None) => Ok(Resolved {
+                model,
+                lora: None,
+                defaulted: true,
+            }),
             _ => Err(format!(
                 "unknown_model: the request names no model and {} are served",
                 self.models.len()
@@ -550,11 +588,22 @@ impl Picker {
         }
     }
 
+    /// The workers a resolved request may go to: those of its model, and
+    /// for an adapter only those that serve it.
+    fn candidates(&self, r: &Resolved<'_>) -> Vec<Arc<Worker>> {
+        let mut workers = self.workers.serving(&r.model.name);
+        if let Some(lora) = r.lora {
+            workers.retain(|w| w.serves_adapter(lora));
+        }
+        workers
+    }
+
     /// The prompt's keys, where its blocks are cached, and one view per
     /// worker of `model` (`workers`, in their order) at `now`.
     async fn look(
         &self,
         model: &Model,
+        keys_ctx: &KeyContext,
         workers: &[Arc<Worker>],
         ids: &[u32],
         cache_salt: Option<&str>,
@@ -563,7 +612,7 @@ impl Picker {
         let keys = if ids.is_empty() {
             Vec::new()
         } else {
-            prompt_keys(&model.keys, cache_salt, ids)
+            prompt_keys(keys_ctx, cache_salt, ids)
         };
         let mut matches = HashMap::new();
         let mut index_error = None;

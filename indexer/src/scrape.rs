@@ -102,6 +102,42 @@ pub async fn scrape(
     rank: Option<u32>,
     timeout: Duration,
 ) -> Result<ScrapedLoad, ScrapeError> {
+    let body = get(client, url, timeout).await?;
+    parse(&String::from_utf8_lossy(&body), rank).ok_or(ScrapeError::NoGauges)
+}
+
+/// The `/v1/models` URL beside a worker's `/metrics` URL.
+pub fn models_url(metrics_url: &str) -> Option<String> {
+    metrics_url
+        .strip_suffix("/metrics")
+        .map(|base| format!("{base}/v1/models"))
+}
+
+/// The LoRA adapters a worker serves: the entries of its `/v1/models` with
+/// a `parent` (vLLM lists the base model, then one card per adapter).
+pub async fn adapters(
+    client: &HttpClient,
+    url: &str,
+    timeout: Duration,
+) -> Result<Vec<String>, ScrapeError> {
+    let body = get(client, url, timeout).await?;
+    parse_adapters(&body).ok_or_else(|| ScrapeError::Body("not a model list".into()))
+}
+
+/// Adapter ids of a `/v1/models` body; `None` when it is not a model list.
+pub fn parse_adapters(body: &[u8]) -> Option<Vec<String>> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let data = v.get("data")?.as_array()?;
+    Some(
+        data.iter()
+            .filter(|m| m.get("parent").is_some_and(|p| p.is_string()))
+            .filter_map(|m| m.get("id")?.as_str().map(str::to_owned))
+            .collect(),
+    )
+}
+
+/// One bounded GET.
+async fn get(client: &HttpClient, url: &str, timeout: Duration) -> Result<Bytes, ScrapeError> {
     let uri: http::Uri = url.parse().map_err(|_| ScrapeError::Url(url.into()))?;
     let fetch = async {
         let resp = client
@@ -118,10 +154,9 @@ pub async fn scrape(
             .to_bytes();
         Ok(body)
     };
-    let body = tokio::time::timeout(timeout, fetch)
+    tokio::time::timeout(timeout, fetch)
         .await
-        .map_err(|_| ScrapeError::Timeout)??;
-    parse(&String::from_utf8_lossy(&body), rank).ok_or(ScrapeError::NoGauges)
+        .map_err(|_| ScrapeError::Timeout)?
 }
 
 /// Reads the vLLM gauges from a Prometheus text page, summed over label
@@ -211,6 +246,25 @@ fn label(labels: &str, name: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn adapters_are_the_models_with_a_parent() {
+        let body = br#"{"object":"list","data":[
+            {"id":"Qwen/Qwen3-8B","object":"model","root":"Qwen/Qwen3-8B","parent":null},
+            {"id":"sql","object":"model","root":"/adapters/sql","parent":"Qwen/Qwen3-8B"},
+            {"id":"chat","object":"model","root":"/adapters/chat","parent":"Qwen/Qwen3-8B"}]}"#;
+        assert_eq!(
+            parse_adapters(body),
+            Some(vec!["sql".into(), "chat".into()])
+        );
+        assert_eq!(parse_adapters(b"{}"), None);
+        assert_eq!(parse_adapters(b"not json"), None);
+        assert_eq!(
+            models_url("http://10.0.0.1:8000/metrics").as_deref(),
+            Some("http://10.0.0.1:8000/v1/models")
+        );
+        assert_eq!(models_url("http://10.0.0.1:8000/stats"), None);
+    }
 
     const PAGE: &str = r#"# HELP vllm:num_requests_waiting Number of requests waiting.
 # TYPE vllm:num_requests_waiting gauge

@@ -14,7 +14,7 @@
 //! takes a lock.
 
 use crate::{config::WorkerConfig, index::WorkerId, scrape::Health, streams::StreamStatus};
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -31,6 +31,9 @@ pub struct Worker {
     pub origin: Origin,
     pub stream: StreamStatus,
     pub health: Health,
+    /// The LoRA adapters it serves (its `/v1/models` entries with a
+    /// `parent`), as last scraped.
+    adapters: ArcSwap<Vec<String>>,
     /// Turns true when the worker leaves: its tasks stop, picks skip it.
     retired: watch::Sender<bool>,
 }
@@ -68,6 +71,7 @@ impl Worker {
             origin,
             stream: StreamStatus::default(),
             health: Health::default(),
+            adapters: ArcSwap::from_pointee(Vec::new()),
             retired: watch::channel(false).0,
         }
     }
@@ -80,6 +84,23 @@ impl Worker {
         !self.is_retired()
             && (self.cfg.metrics.is_none() || self.health.is_up(down_after))
             && !self.stream.suspect()
+    }
+
+    pub fn serves_adapter(&self, name: &str) -> bool {
+        self.adapters.load().iter().any(|a| a == name)
+    }
+
+    pub fn adapters(&self) -> Arc<Vec<String>> {
+        self.adapters.load_full()
+    }
+
+    /// Records the adapters its `/v1/models` lists now.
+    pub fn set_adapters(&self, mut adapters: Vec<String>) {
+        adapters.sort();
+        adapters.dedup();
+        if **self.adapters.load() != adapters {
+            self.adapters.store(Arc::new(adapters));
+        }
     }
 
     /// The worker is leaving: its tasks stop and picks skip it.
@@ -162,6 +183,14 @@ impl Workers {
         self.iter()
             .filter(|w| w.cfg.model == model && !w.is_retired())
             .collect()
+    }
+
+    /// The model of the workers (not leaving) that serve LoRA adapter
+    /// `name`, if any does.
+    pub fn adapter_base(&self, name: &str) -> Option<String> {
+        self.iter()
+            .find(|w| !w.is_retired() && w.serves_adapter(name))
+            .map(|w| w.cfg.model.clone())
     }
 
     /// Whether some worker not leaving serves `model`.

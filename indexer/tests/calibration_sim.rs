@@ -45,6 +45,7 @@ async fn sim() -> server::ServerHandle {
             engine,
             time_scale: 1.0,
             worker_id: listen.to_string(),
+            lora_modules: Vec::new(),
         })
         .await;
         match started {

@@ -73,6 +73,7 @@ fn run() -> Run {
                         min_tokens: 0,
                         ignore_eos: true,
                         arrival: t,
+                        lora: None,
                     })
                     .unwrap();
                 busy_until[e].get_or_insert(t);

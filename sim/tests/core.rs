@@ -22,6 +22,7 @@ fn request(id: u64, prompt: Vec<u32>, max_tokens: usize, arrival: f64) -> SimReq
         min_tokens: 0,
         ignore_eos: true,
         arrival,
+        lora: None,
     }
 }
 

@@ -45,6 +45,7 @@ fn config(encoding: Encoding) -> ServerConfig {
         engine,
         time_scale: 100.0,
         worker_id: "w".into(),
+        lora_modules: Vec::new(),
     }
 }
 

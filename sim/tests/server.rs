@@ -41,6 +41,7 @@ fn config(num_gpu_blocks: u32, max_model_len: usize) -> ServerConfig {
         engine,
         time_scale: 100.0,
         worker_id: "worker-a".into(),
+        lora_modules: Vec::new(),
     }
 }
 

@@ -32,6 +32,7 @@ fn block_stored_matches_vllm_033() {
         let (json, bytes) = golden(name);
         let ev = &json["events"][0];
         let event = CacheEvent::Stored {
+            lora: None,
             block_hashes: ev["block_hashes"]
                 .as_array()
                 .unwrap()

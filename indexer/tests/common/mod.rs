@@ -144,6 +144,16 @@ impl Sim {
         kv: &str,
         replay: &str,
     ) -> Result<kvsteer_sim::server::ServerHandle, kvsteer_sim::server::ServerError> {
+        Self::try_start_with(listen, kv, replay, Vec::new()).await
+    }
+
+    /// [`Self::try_start`] serving LoRA adapters too.
+    pub async fn try_start_with(
+        listen: std::net::SocketAddr,
+        kv: &str,
+        replay: &str,
+        lora_modules: Vec<kvsteer_sim::server::LoraModule>,
+    ) -> Result<kvsteer_sim::server::ServerHandle, kvsteer_sim::server::ServerError> {
         use kvsteer_kv_events::zmq::PublisherConfig;
         use kvsteer_sim::{engine::EngineConfig, profile::TimingProfile, server};
         let engine = EngineConfig::new(TimingProfile::by_name("test").unwrap());
@@ -160,6 +170,7 @@ impl Sim {
             engine,
             time_scale: 50.0,
             worker_id: listen.to_string(),
+            lora_modules,
         })
         .await
     }

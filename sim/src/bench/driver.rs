@@ -266,6 +266,7 @@ impl Sim<'_> {
             min_tokens: 0,
             ignore_eos: true,
             arrival: now,
+            lora: None,
         });
         self.records.push(RequestRecord {
             tenant,

@@ -312,6 +312,7 @@ mod tests {
                 min_tokens: 0,
                 ignore_eos: true,
                 arrival: 0.0,
+                lora: None,
             })
             .unwrap();
         let (mut t, mut out) = (0.0, Vec::new());

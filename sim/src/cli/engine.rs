@@ -57,6 +57,10 @@ pub struct EngineArgs {
     /// Model name served and checked in requests.
     #[arg(long, default_value = DEFAULT_MODEL_NAME)]
     pub served_model_name: String,
+    /// LoRA adapters served beside the model, like vLLM's: `name=path`
+    /// (repeat the flag or list several); requests name them in `model`.
+    #[arg(long, num_args = 1..)]
+    pub lora_modules: Vec<crate::server::LoraModule>,
     /// Directory with tokenizer.json and tokenizer_config.json.
     #[arg(long)]
     pub tokenizer: PathBuf,
@@ -155,6 +159,7 @@ impl EngineArgs {
                 .worker_id
                 .clone()
                 .unwrap_or_else(|| self.listen.to_string()),
+            lora_modules: self.lora_modules.clone(),
         })
     }
 }
@@ -173,6 +178,31 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<EngineArgs, clap::Error> {
         Cli::try_parse_from(std::iter::once("engine").chain(args.iter().copied())).map(|c| c.args)
+    }
+
+    #[test]
+    fn lora_modules_like_vllm() {
+        let a = parse(&[
+            "--tokenizer",
+            "t",
+            "--lora-modules",
+            "sql=/a/sql",
+            "chat=/a/chat",
+        ])
+        .unwrap();
+        let names: Vec<_> = a
+            .lora_modules
+            .iter()
+            .map(|m| (m.name.as_str(), m.path.as_str()))
+            .collect();
+        assert_eq!(names, [("sql", "/a/sql"), ("chat", "/a/chat")]);
+        assert!(parse(&["--tokenizer", "t", "--lora-modules", "no-path"]).is_err());
+        assert!(
+            parse(&["--tokenizer", "t"])
+                .unwrap()
+                .lora_modules
+                .is_empty()
+        );
     }
 
     #[test]

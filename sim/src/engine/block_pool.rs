@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use super::events::CacheEvent;
 use super::free_list::FreeList;
+use super::request::Lora;
 
 pub(crate) type BlockId = u32;
 
@@ -103,6 +104,7 @@ impl BlockPool {
         parent: Option<u64>,
         tokens: &[u32],
         block_size: usize,
+        lora: Option<&Lora>,
     ) {
         debug_assert_eq!(blocks.len(), hashes.len());
         let mut run_start = 0;
@@ -116,6 +118,7 @@ impl BlockPool {
                         Some(hashes[from - 1])
                     },
                     token_ids: tokens[from * block_size..to * block_size].to_vec(),
+                    lora: lora.cloned(),
                 });
             }
         };
@@ -162,7 +165,7 @@ mod tests {
         let a = pool.allocate().unwrap();
         let b = pool.allocate().unwrap();
         assert_eq!(pool.allocate(), None);
-        pool.cache_full(&[a, b], &[10, 11], None, &[0; 8], 4);
+        pool.cache_full(&[a, b], &[10, 11], None, &[0; 8], 4, None);
         assert!(
             matches!(&pool.take_events()[..], [CacheEvent::Stored { block_hashes, .. }] if block_hashes == &[10, 11])
         );
@@ -194,21 +197,30 @@ mod tests {
     fn duplicate_hash_is_not_announced_twice() {
         let mut pool = BlockPool::new(4);
         let blocks: Vec<_> = (0..4).map(|_| pool.allocate().unwrap()).collect();
-        pool.cache_full(&blocks[..1], &[5], None, &[1, 1], 2);
+        pool.cache_full(&blocks[..1], &[5], None, &[1, 1], 2, None);
         pool.take_events();
-        pool.cache_full(&blocks[1..4], &[6, 5, 7], Some(4), &[1, 2, 3, 4, 5, 6], 2);
+        pool.cache_full(
+            &blocks[1..4],
+            &[6, 5, 7],
+            Some(4),
+            &[1, 2, 3, 4, 5, 6],
+            2,
+            None,
+        );
         assert_eq!(
             pool.take_events(),
             vec![
                 CacheEvent::Stored {
                     block_hashes: vec![6],
                     parent_block_hash: Some(4),
-                    token_ids: vec![1, 2]
+                    token_ids: vec![1, 2],
+                    lora: None,
                 },
                 CacheEvent::Stored {
                     block_hashes: vec![7],
                     parent_block_hash: Some(5),
-                    token_ids: vec![5, 6]
+                    token_ids: vec![5, 6],
+                    lora: None,
                 },
             ]
         );

@@ -1,7 +1,9 @@
 //! KV-cache events as the core emits them, and their conversion to vLLM's
 //! event types (`kvsteer_kv_events`) at the edge.
 
-use kvsteer_kv_events::{BlockHash, BlockRemoved, BlockStored, EventBatch, KvEvent};
+use kvsteer_kv_events::{BlockHash, BlockRemoved, BlockStored, EventBatch, ExtraKey, KvEvent};
+
+use super::request::Lora;
 
 /// `medium` of every event: vLLM says `GPU` even on CPU engines.
 pub const MEDIUM_GPU: &str = "GPU";
@@ -16,6 +18,8 @@ pub enum CacheEvent {
         parent_block_hash: Option<u64>,
         /// The tokens of all blocks, `block_hashes.len() * block_size` of them.
         token_ids: Vec<u32>,
+        /// The adapter the blocks were computed with.
+        lora: Option<Lora>,
     },
     /// Cached blocks were evicted (one event per block, like vLLM).
     Removed { block_hashes: Vec<u64> },
@@ -33,15 +37,23 @@ impl CacheEvent {
                 block_hashes,
                 parent_block_hash,
                 token_ids,
+                lora,
             } => KvEvent::BlockStored(BlockStored {
                 block_hashes: block_hashes.iter().map(|&h| BlockHash::U64(h)).collect(),
                 parent_block_hash: parent_block_hash.map(BlockHash::U64),
                 token_ids: token_ids.clone(),
                 block_size: block_size as u32,
-                lora_id: None,
+                // vLLM 0.32 (`block_pool.py`): `lora_id` is the adapter's
+                // `adapter_id`, `lora_name` its name, and each block's extra
+                // keys start with the name.
+                lora_id: lora.as_ref().map(|l| l.id),
                 medium: Some(MEDIUM_GPU.to_owned()),
-                lora_name: None,
-                extra_keys: Some(vec![None; block_hashes.len()]),
+                lora_name: lora.as_ref().map(|l| l.name.clone()),
+                extra_keys: Some(vec![
+                    lora.as_ref()
+                        .map(|l| vec![ExtraKey::from(l.name.as_str())]);
+                    block_hashes.len()
+                ]),
                 group_idx: Some(0),
                 kv_cache_spec_kind: Some("full_attention".to_owned()),
                 ..BlockStored::default()
@@ -71,8 +83,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_adapters_blocks_carry_its_id_name_and_extra_keys_like_vllm_032() {
+        let ev = CacheEvent::Stored {
+            lora: Some(Lora {
+                id: 2,
+                name: "sql".into(),
+            }),
+            block_hashes: vec![1, 2],
+            parent_block_hash: None,
+            token_ids: (0..32).collect(),
+        };
+        let KvEvent::BlockStored(s) = ev.to_kv_event(16) else {
+            panic!("not stored")
+        };
+        assert_eq!((s.lora_id, s.lora_name.as_deref()), (Some(2), Some("sql")));
+        let name = vec![ExtraKey::from("sql")];
+        assert_eq!(s.extra_keys, Some(vec![Some(name.clone()), Some(name)]));
+    }
+
+    #[test]
     fn stored_like_vllm_033() {
         let ev = CacheEvent::Stored {
+            lora: None,
             block_hashes: vec![1, 2],
             parent_block_hash: Some(7),
             token_ids: (0..32).collect(),

@@ -23,6 +23,13 @@ impl BlockHasher {
         Self { seed, root }
     }
 
+    /// The hasher of an adapter's blocks: none of its hashes equals the
+    /// base model's or another adapter's for the same tokens.
+    pub(crate) fn for_lora(&self, name: &str) -> Self {
+        let seed = xxh3_64_with_seed(name.as_bytes(), self.seed ^ 0x6c6f_7261);
+        Self::new(seed)
+    }
+
     /// The hash of the block holding `tokens` after the block `parent`
     /// (`None` for the first block of a sequence).
     pub(crate) fn hash(&self, parent: Option<u64>, tokens: &[u32]) -> u64 {

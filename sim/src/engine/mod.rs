@@ -19,7 +19,7 @@ use std::collections::{HashMap, VecDeque};
 
 pub use config::{ConfigError, EngineConfig};
 pub use events::{CacheEvent, MEDIUM_GPU, to_event_batch};
-pub use request::{FinishReason, RejectReason, RequestId, RequestStatus, SimRequest, Usage};
+pub use request::{FinishReason, Lora, RejectReason, RequestId, RequestStatus, SimRequest, Usage};
 pub use step::{FinishedRequest, StepOutput, TokenOutput};
 
 use block_pool::BlockPool;
@@ -120,7 +120,11 @@ impl Engine {
         let mut rng = SplitMix64::new(self.cfg.seed ^ req.id.wrapping_mul(0xa076_1d64_78bd_642f));
         let filler_offset = (rng.next_u64() % self.cfg.filler_token_ids.len() as u64) as usize;
         let mut block_hashes = Vec::with_capacity(prompt_tokens / self.cfg.block_size + 1);
-        self.hasher.extend(
+        let hasher = match &req.lora {
+            Some(lora) => self.hasher.for_lora(&lora.name),
+            None => self.hasher,
+        };
+        hasher.extend(
             &mut block_hashes,
             &req.prompt_token_ids,
             self.cfg.block_size,
@@ -142,6 +146,8 @@ impl Engine {
             status: RequestStatus::Waiting,
             rng,
             filler_offset,
+            hasher,
+            lora: req.lora,
         };
         let slot = match self.free_slots.pop() {
             Some(slot) => {

@@ -17,6 +17,18 @@ pub struct SimRequest {
     pub ignore_eos: bool,
     /// Arrival time, seconds on the driver's clock.
     pub arrival: f64,
+    /// The LoRA adapter the request runs with (`None`: the base model).
+    pub lora: Option<Lora>,
+}
+
+/// A LoRA adapter as vLLM names it in its KV events: `lora_id` is the
+/// adapter's `lora_int_id` (counted from 1 in load order), `lora_name` its
+/// served name. Its blocks hash apart from the base model's and from every
+/// other adapter's (vLLM puts the name in each block's extra keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lora {
+    pub id: i64,
+    pub name: String,
 }
 
 /// Why a request was not accepted.
@@ -104,6 +116,9 @@ pub(crate) struct ReqState {
     pub(crate) status: RequestStatus,
     pub(crate) rng: SplitMix64,
     pub(crate) filler_offset: usize,
+    /// Hashes this request's blocks (keyed by its adapter, if any).
+    pub(crate) hasher: super::hash::BlockHasher,
+    pub(crate) lora: Option<Lora>,
 }
 
 // === impl ReqState ===

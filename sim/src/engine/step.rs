@@ -190,6 +190,7 @@ impl Engine {
                 parent,
                 &req.token_ids[from * bs..full * bs],
                 bs,
+                req.lora.as_ref(),
             );
             req.num_cached_blocks = full;
         }
@@ -238,8 +239,7 @@ impl Engine {
             self.cfg.filler_token_ids[(req.filler_offset + num_output) % filler_len]
         };
         req.token_ids.push(token_id);
-        self.hasher
-            .extend(&mut req.block_hashes, &req.token_ids, bs);
+        req.hasher.extend(&mut req.block_hashes, &req.token_ids, bs);
         let first = req.first_token_at.is_none();
         if first {
             req.first_token_at = Some(end);

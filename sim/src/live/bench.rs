@@ -307,6 +307,7 @@ mod tests {
             engine,
             time_scale: 100.0,
             worker_id: "w".into(),
+            lora_modules: Vec::new(),
         };
         ServerHandle::start(cfg).await.unwrap()
     }

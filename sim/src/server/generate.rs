@@ -81,7 +81,7 @@ pub(crate) async fn completions(State(state): State<Shared>, body: Bytes) -> Res
 async fn generate(state: Shared, api: Api, body: Bytes) -> Result<Response, ApiError> {
     let body = parse_json(&body)?;
     let params = SamplingParams::from_body(api, &body)?;
-    state.check_model(params.model.as_deref())?;
+    let lora = state.check_model(params.model.as_deref())?;
     let prompt = prompt_ids(&state, api, body).await?;
     let prompt_tokens = prompt.len();
     let max_len = state.max_model_len;
@@ -113,6 +113,7 @@ async fn generate(state: Shared, api: Api, body: Bytes) -> Result<Response, ApiE
                 min_tokens: params.min_tokens,
                 ignore_eos: params.ignore_eos,
                 arrival: 0.0,
+                lora,
             },
             stream: stream_tx,
             reply: reply_tx,

@@ -44,6 +44,30 @@ pub struct ServerConfig {
     /// Simulated time runs this many times faster than real time.
     pub time_scale: f64,
     pub worker_id: String,
+    /// LoRA adapters served beside the base model (vLLM's `--lora-modules`),
+    /// `lora_id` 1, 2, … in this order.
+    pub lora_modules: Vec<LoraModule>,
+}
+
+/// One `--lora-modules name=path` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraModule {
+    pub name: String,
+    pub path: String,
+}
+
+impl std::str::FromStr for LoraModule {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('=') {
+            Some((name, path)) if !name.trim().is_empty() && !path.trim().is_empty() => Ok(Self {
+                name: name.trim().to_owned(),
+                path: path.trim().to_owned(),
+            }),
+            _ => Err(format!("{s:?}: expected name=path")),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -22,7 +22,7 @@ use super::engine_loop::Command;
 use super::error::ApiError;
 use super::generate;
 use super::openai::Api;
-use crate::engine::ResetOutcome;
+use crate::engine::{Lora, ResetOutcome};
 
 pub(crate) struct AppState {
     pub(crate) model: String,
@@ -35,6 +35,8 @@ pub(crate) struct AppState {
     pub(crate) token_text: HashMap<u32, String>,
     pub(crate) next_id: AtomicU64,
     pub(crate) created: u64,
+    /// LoRA adapters served beside the base model, with their paths.
+    pub(crate) loras: Vec<(Lora, String)>,
 }
 
 pub(crate) type Shared = Arc<AppState>;
@@ -61,13 +63,33 @@ impl AppState {
             token_text: filler.into_iter().collect(),
             next_id: AtomicU64::new(0),
             created: unix_now(),
+            loras: cfg
+                .lora_modules
+                .iter()
+                .zip(1..)
+                .map(|(m, id)| {
+                    let lora = Lora {
+                        id,
+                        name: m.name.clone(),
+                    };
+                    (lora, m.path.clone())
+                })
+                .collect(),
         })
     }
 
-    pub(crate) fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+    /// The request's adapter (`None`: the base model), or 404 for a model
+    /// this engine does not serve.
+    pub(crate) fn check_model(&self, model: Option<&str>) -> Result<Option<Lora>, ApiError> {
         match model {
-            Some(m) if m != self.model => Err(ApiError::model_not_found(m)),
-            _ => Ok(()),
+            None => Ok(None),
+            Some(m) if m == self.model => Ok(None),
+            Some(m) => self
+                .loras
+                .iter()
+                .find(|(l, _)| l.name == m)
+                .map(|(l, _)| Some(l.clone()))
+                .ok_or_else(|| ApiError::model_not_found(m)),
         }
     }
 
@@ -146,21 +168,32 @@ pub(crate) fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("JSON decode error: {e}")))
 }
 
+/// The base model, then one card per adapter with its `parent` (vLLM's
+/// `show_available_models`).
 async fn models(State(state): State<Shared>) -> Response {
-    axum::Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.model,
+    let mut data = vec![json!({
+        "id": state.model,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "vllm",
+        "root": state.model,
+        "parent": null,
+        "max_model_len": state.max_model_len,
+        "permission": [],
+    })];
+    data.extend(state.loras.iter().map(|(l, path)| {
+        json!({
+            "id": l.name,
             "object": "model",
             "created": state.created,
             "owned_by": "vllm",
-            "root": state.model,
-            "parent": null,
-            "max_model_len": state.max_model_len,
+            "root": path,
+            "parent": state.model,
+            "max_model_len": null,
             "permission": [],
-        }],
-    }))
-    .into_response()
+        })
+    }));
+    axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn health() -> StatusCode {
@@ -209,7 +242,9 @@ async fn tokenize(State(state): State<Shared>, body: Bytes) -> Result<Response, 
         .ok_or_else(|| ApiError::bad_request("request body must be a JSON object"))?;
     match obj.get("model") {
         None | Some(Value::Null) => {}
-        Some(Value::String(m)) => state.check_model(Some(m))?,
+        Some(Value::String(m)) => {
+            state.check_model(Some(m))?;
+        }
         Some(_) => return Err(ApiError::bad_request("`model` must be a string")),
     }
     let api = if obj.contains_key("messages") {
