@@ -22,9 +22,15 @@
 //! Small prompts are encoded inline: a cold encode is a few ms at most, a
 //! warm one (segment cache) tens of µs, and a hand-off to another thread
 //! would cost a wakeup on every pick.
+//!
+//! After each encode the tokenizers' cache sizes (segment cache, word
+//! cache; every tokenizer this encoder has seen, summed) go to the
+//! `kvsteer_tokenize_*cache*` gauges: they are bounded, and most of what the
+//! indexer's memory grows by while it warms up (RELIABILITY.md).
 
 use crate::{metrics::Metrics, prompt::Prompt};
-use kvsteer_tokenize::{CompletionPrompt, PromptTokenizer};
+use kvsteer_tokenize::{CacheStats, CompletionPrompt, PromptTokenizer};
+use parking_lot::Mutex;
 use std::{
     sync::{
         Arc,
@@ -64,6 +70,8 @@ pub struct Encoder {
     max_large: usize,
     large: Arc<Semaphore>,
     metrics: Arc<Metrics>,
+    /// The tokenizers encoded with (one per model), for the cache gauges.
+    tokenizers: Mutex<Vec<Arc<PromptTokenizer>>>,
 }
 
 /// Set when the pick's future is dropped before its encode returned.
@@ -99,6 +107,7 @@ impl Encoder {
             max_large,
             large: Arc::new(Semaphore::new(max_large)),
             metrics,
+            tokenizers: Mutex::new(Vec::new()),
         }
     }
 
@@ -129,6 +138,7 @@ impl Encoder {
                 .tokenize_latency
                 .observe(start.elapsed().as_secs_f64());
         }
+        self.cache_gauges(tok);
         let ids = ids?;
         if ids.len() > limits.max_model_len as usize {
             return Err(Unread::TooManyTokens {
@@ -137,6 +147,22 @@ impl Encoder {
             });
         }
         Ok(ids)
+    }
+
+    /// Sets the cache gauges from every tokenizer seen (`tok` included): a
+    /// few dozen uncontended shard locks, small beside an encode.
+    fn cache_gauges(&self, tok: &Arc<PromptTokenizer>) {
+        let mut seen = self.tokenizers.lock();
+        if !seen.iter().any(|t| Arc::ptr_eq(t, tok)) {
+            seen.push(tok.clone());
+        }
+        let (segments, words) = cache_totals(&seen);
+        drop(seen);
+        let m = &self.metrics;
+        m.tokenize_cache_tokens.set(gauge(segments.tokens));
+        m.tokenize_cache_entries.set(gauge(segments.entries));
+        m.tokenize_word_cache_tokens.set(gauge(words.tokens));
+        m.tokenize_word_cache_entries.set(gauge(words.entries));
     }
 
     async fn encode_large(
@@ -241,6 +267,26 @@ fn encode(
     }
 }
 
+/// The segment caches' and the word caches' sizes, summed.
+fn cache_totals(tokenizers: &[Arc<PromptTokenizer>]) -> (CacheStats, CacheStats) {
+    let mut segments = CacheStats::default();
+    let mut words = CacheStats::default();
+    for t in tokenizers {
+        let s = t.cache_stats();
+        segments.tokens += s.tokens;
+        segments.entries += s.entries;
+        if let Some(w) = t.word_cache_stats() {
+            words.tokens += w.tokens;
+            words.entries += w.entries;
+        }
+    }
+    (segments, words)
+}
+
+fn gauge(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 fn empty() -> Unread {
     Unread::Failed("empty prompt batch".into())
 }
@@ -319,6 +365,43 @@ mod tests {
         assert_eq!(e.reason(), "tokenize_failed");
         let e = enc.ids(None, WIDE, chat(1, "x")).await.unwrap_err();
         assert_eq!(e.reason(), "tokenize_failed");
+    }
+
+    /// The cache gauges follow the tokenizers' caches, summed over every
+    /// tokenizer encoded with.
+    #[tokio::test]
+    async fn cache_gauges_sum_the_tokenizers_caches() {
+        let (a, b) = (tokenizer(), tokenizer());
+        let enc = encoder(1);
+        let m = enc.metrics.clone();
+        assert_eq!(m.tokenize_cache_tokens.get(), 0);
+        enc.ids(Some(&a), WIDE, chat(50, "g")).await.unwrap();
+        let one = a.cache_stats();
+        assert!(one.tokens > 0, "{one:?}");
+        assert_eq!(m.tokenize_cache_tokens.get(), one.tokens as i64);
+        assert_eq!(m.tokenize_cache_entries.get(), one.entries as i64);
+        let words = a.word_cache_stats().unwrap();
+        assert!(words.entries > 0, "{words:?}");
+        assert_eq!(m.tokenize_word_cache_entries.get(), words.entries as i64);
+        assert_eq!(m.tokenize_word_cache_tokens.get(), words.tokens as i64);
+        // A second tokenizer (another model) adds its own.
+        enc.ids(Some(&b), WIDE, chat(50, "g")).await.unwrap();
+        assert_eq!(m.tokenize_cache_tokens.get(), 2 * one.tokens as i64);
+        // Emptied caches show at the next encode.
+        a.clear_cache();
+        b.clear_cache();
+        enc.ids(
+            Some(&a),
+            WIDE,
+            Prompt::Completion {
+                prompt: CompletionPrompt::Text("x".into()),
+                add_special_tokens: None,
+            },
+        )
+        .await
+        .unwrap();
+        let left = a.cache_stats().tokens;
+        assert_eq!(m.tokenize_cache_tokens.get(), left as i64);
     }
 
     /// Beyond the byte cap nothing is encoded; beyond `max_model_len`

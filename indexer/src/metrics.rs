@@ -99,6 +99,13 @@ pub struct Metrics {
     pub tombstones_evicted: Counter,
     /// Picks without a model, steered as the only model served.
     pub model_defaulted: Counter,
+    /// The tokenizers' caches (every model's, summed; refreshed by the
+    /// encoder at most once a second): token ids held and entries in the
+    /// segment cache, and in the fast path's word cache.
+    pub tokenize_cache_tokens: Gauge,
+    pub tokenize_cache_entries: Gauge,
+    pub tokenize_word_cache_tokens: Gauge,
+    pub tokenize_word_cache_entries: Gauge,
 }
 
 fn seconds_buckets() -> impl Iterator<Item = f64> {
@@ -163,6 +170,10 @@ impl Metrics {
             ledger_tombstones: Gauge::default(),
             tombstones_evicted: Counter::default(),
             model_defaulted: Counter::default(),
+            tokenize_cache_tokens: Gauge::default(),
+            tokenize_cache_entries: Gauge::default(),
+            tokenize_word_cache_tokens: Gauge::default(),
+            tokenize_word_cache_entries: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("kvsteer");
         r.register(
@@ -331,6 +342,26 @@ impl Metrics {
             "model_defaulted",
             "Picks without a model steered as the only model served",
             m.model_defaulted.clone(),
+        );
+        r.register(
+            "tokenize_cache_tokens",
+            "Token ids held by the tokenizers' segment caches (bounded, 4M per model by default)",
+            m.tokenize_cache_tokens.clone(),
+        );
+        r.register(
+            "tokenize_cache_entries",
+            "Text pieces held by the tokenizers' segment caches",
+            m.tokenize_cache_entries.clone(),
+        );
+        r.register(
+            "tokenize_word_cache_tokens",
+            "Token ids held by the tokenizers' word caches (fast path; bounded, ~1M per model)",
+            m.tokenize_word_cache_tokens.clone(),
+        );
+        r.register(
+            "tokenize_word_cache_entries",
+            "Words held by the tokenizers' word caches (fast path)",
+            m.tokenize_word_cache_entries.clone(),
         );
         m
     }

@@ -105,6 +105,11 @@ impl FastEncoder {
         self.words.clear();
     }
 
+    /// The word cache's size and counters.
+    pub fn stats(&self) -> crate::cache::CacheStats {
+        self.words.stats()
+    }
+
     fn encode_run(
         &self,
         tokenizer: &Tokenizer,

@@ -209,6 +209,12 @@ impl PromptTokenizer {
         self.cache.stats()
     }
 
+    /// The fast path's word cache (`None` when the fast path is off),
+    /// bounded at about 1M tokens (`fast.rs`).
+    pub fn word_cache_stats(&self) -> Option<CacheStats> {
+        self.fast.as_ref().map(|f| f.stats())
+    }
+
     /// Drops every cached piece and word (counters are kept).
     pub fn clear_cache(&self) {
         self.cache.clear();

@@ -56,6 +56,21 @@ fn fast_path_is_enabled_for_qwen3() {
 }
 
 #[test]
+fn word_cache_stats_count_the_words_cached_and_clear_empties_them() {
+    let tok = qwen3();
+    tok.clear_cache();
+    let empty = tok.word_cache_stats().expect("qwen3 has the fast path");
+    assert_eq!((empty.entries, empty.tokens), (0, 0));
+    tok.encode_cached("alpha beta gamma alpha", false).unwrap();
+    let words = tok.word_cache_stats().unwrap();
+    // ` alpha` twice is one word; `alpha` at the start is another.
+    assert_eq!(words.entries, 4, "{words:?}");
+    assert!(words.tokens >= words.entries, "{words:?}");
+    tok.clear_cache();
+    assert_eq!(tok.word_cache_stats().unwrap().entries, 0);
+}
+
+#[test]
 fn fast_equals_tokenizers_on_random_texts() {
     let tok = qwen3();
     let mut rng = SmallRng::seed_from_u64(0xfa57);
