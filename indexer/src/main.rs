@@ -7,6 +7,20 @@ use kvsteer_indexer::{app, config::Config};
 use kvsteer_tokenize::{ChatRequest, CompletionPrompt, PromptTokenizer};
 use serde_json::{Value, json};
 use std::path::PathBuf;
+use std::time::Duration;
+
+/// jemalloc rather than glibc's malloc (RELIABILITY.md, "the indexer's
+/// memory"): glibc keeps a per-thread arena's high-water mark after a burst
+/// (a burst of picks after a stall, a large prompt on a blocking thread),
+/// so the indexer's RSS stepped up at every fault and never came back;
+/// jemalloc returns freed pages to the system after `dirty_decay_ms`
+/// (10 s), purged by its background thread even when the indexer is idle.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// How often the allocator's figures are logged (`debug` on
+/// `kvsteer_indexer::alloc`).
+const ALLOC_LOG_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Parser)]
 #[command(
@@ -87,9 +101,62 @@ fn serve(config: PathBuf) -> anyhow::Result<()> {
         )
         .init();
     let cfg = Config::load(&config).with_context(|| format!("{}", config.display()))?;
+    if let Err(error) = tikv_jemalloc_ctl::background_thread::write(true) {
+        tracing::warn!(%error, "no jemalloc background thread: freed memory returns only while allocating");
+    }
+    if tracing::enabled!(target: "kvsteer_indexer::alloc", tracing::Level::DEBUG) {
+        std::thread::Builder::new()
+            .name("alloc-stats".into())
+            .spawn(log_allocator)
+            .context("starting the allocator stats thread")?;
+    }
     let rt = tokio::runtime::Runtime::new().context("tokio runtime")?;
     rt.block_on(app::serve(cfg, shutdown_signal()))?;
     Ok(())
+}
+
+/// What jemalloc holds, in bytes: `allocated` by the program, in `active`
+/// pages, `resident` (what RSS sees of the heap), `retained` (unmapped
+/// address space kept for reuse, not in RSS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct AllocStats {
+    allocated: usize,
+    active: usize,
+    resident: usize,
+    retained: usize,
+}
+
+impl AllocStats {
+    fn read() -> Result<Self, tikv_jemalloc_ctl::Error> {
+        use tikv_jemalloc_ctl::{epoch, stats};
+        epoch::advance()?;
+        Ok(Self {
+            allocated: stats::allocated::read()?,
+            active: stats::active::read()?,
+            resident: stats::resident::read()?,
+            retained: stats::retained::read()?,
+        })
+    }
+}
+
+fn log_allocator() {
+    loop {
+        match AllocStats::read() {
+            Ok(s) => tracing::debug!(
+                target: "kvsteer_indexer::alloc",
+                allocated = s.allocated,
+                active = s.active,
+                resident = s.resident,
+                retained = s.retained,
+                "allocator"
+            ),
+            Err(error) => {
+                tracing::warn!(target: "kvsteer_indexer::alloc", %error, "cannot read allocator stats");
+                return;
+            }
+        }
+        std::thread::sleep(ALLOC_LOG_EVERY);
+    }
 }
 
 async fn shutdown_signal() {
@@ -148,4 +215,32 @@ fn tokenize(
     };
     println!("{}", json!({ "token_ids": ids }));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// jemalloc is the global allocator: what the program allocates and
+    /// frees shows in its stats, and its background thread can run.
+    #[test]
+    fn jemalloc_is_the_allocator() {
+        let before = AllocStats::read().unwrap();
+        let big: Vec<Vec<u8>> = (0..64).map(|i| vec![i as u8; 1 << 20]).collect();
+        let held = AllocStats::read().unwrap();
+        // Stats are per arena, small frees in thread caches apart: a margin.
+        assert!(
+            held.allocated >= before.allocated + (63 << 20),
+            "{before:?} {held:?}"
+        );
+        assert!(held.resident >= held.active && held.active >= held.allocated);
+        drop(big);
+        let after = AllocStats::read().unwrap();
+        assert!(
+            after.allocated + (60 << 20) < held.allocated,
+            "{held:?} {after:?}"
+        );
+        tikv_jemalloc_ctl::background_thread::write(true).unwrap();
+        assert!(tikv_jemalloc_ctl::background_thread::read().unwrap());
+    }
 }
