@@ -70,9 +70,11 @@ pub fn classify(outcomes: &[Outcome], events: &[Event]) -> Failures {
 }
 
 /// `samples`: (seconds, incarnation, VmRSS kB) of the indexer. Judged over
-/// the last incarnation: the first sample `warmup` seconds into it is the
-/// baseline; no later sample may exceed it by more than [`RSS_GROWTH`].
-pub fn rss_check(samples: &[(f64, u32, u64)], warmup: f64) -> Check {
+/// the last incarnation: the first sample `warmup` seconds into it, and not
+/// before `filled` (seconds from the start: when its bounded caches were
+/// full, see `warmup`), is the baseline; no later sample may exceed it by
+/// more than [`RSS_GROWTH`].
+pub fn rss_check(samples: &[(f64, u32, u64)], warmup: f64, filled: Option<f64>) -> Check {
     let name = "indexer RSS flat after warm-up (<= +10 %)";
     let Some(&(_, last, _)) = samples.last() else {
         return Check {
@@ -83,11 +85,15 @@ pub fn rss_check(samples: &[(f64, u32, u64)], warmup: f64) -> Check {
     };
     let life: Vec<_> = samples.iter().filter(|s| s.1 == last).collect();
     let born = life[0].0;
-    let Some(base_at) = life.iter().position(|s| s.0 >= born + warmup) else {
+    let ready = (born + warmup).max(filled.unwrap_or(0.0));
+    let Some(base_at) = life.iter().position(|s| s.0 >= ready) else {
         return Check {
             name,
             pass: false,
-            detail: format!("the indexer's last life was shorter than the {warmup:.0} s warm-up"),
+            detail: format!(
+                "the indexer's last life ended before its warm-up ({warmup:.0} s, caches filled at {:.0} s)",
+                filled.unwrap_or(0.0)
+            ),
         };
     };
     let base = life[base_at].2;
@@ -103,10 +109,11 @@ pub fn rss_check(samples: &[(f64, u32, u64)], warmup: f64) -> Check {
         name,
         pass: growth <= RSS_GROWTH && after.len() >= 3,
         detail: format!(
-            "{} samples over {:.0} s: {} MB at warm-up end, peak {} MB at {:.0} s ({:+.1} %), {} MB at the end",
+            "{} samples over {:.0} s: {} MB at warm-up end ({:.0} s), peak {} MB at {:.0} s ({:+.1} %), {} MB at the end",
             after.len(),
             after.last().map_or(0.0, |s| s.0) - life[base_at].0,
             base / 1024,
+            life[base_at].0,
             peak / 1024,
             peak_t,
             growth * 100.0,
@@ -205,12 +212,26 @@ mod tests {
         let mut samples: Vec<(f64, u32, u64)> = (0..10).map(|t| (t as f64, 1, 900_000)).collect();
         samples.extend((10..40).map(|t| (t as f64, 2, 100_000 + if t < 15 { 0 } else { 5_000 })));
         assert!(
-            rss_check(&samples, 5.0).pass,
+            rss_check(&samples, 5.0, None).pass,
             "{:?}",
-            rss_check(&samples, 5.0)
+            rss_check(&samples, 5.0, None)
+        );
+        // Caches filling until 20 s: judged from then, not from 12 s.
+        let filling: Vec<(f64, u32, u64)> = (10..40)
+            .map(|t| (t as f64, 2, 100_000 + 5_000 * t.min(20) as u64))
+            .collect();
+        assert!(!rss_check(&filling, 2.0, None).pass);
+        let filled = rss_check(&filling, 2.0, Some(20.0));
+        assert!(
+            filled.pass && filled.detail.contains("(20 s)"),
+            "{filled:?}"
         );
         samples.push((40.0, 2, 200_000));
-        assert!(!rss_check(&samples, 5.0).pass);
-        assert!(!rss_check(&samples[..12], 5.0).pass);
+        assert!(!rss_check(&samples, 5.0, None).pass);
+        assert!(!rss_check(&samples[..12], 5.0, None).pass);
+        assert!(
+            !rss_check(&samples[..20], 5.0, Some(30.0)).pass,
+            "never filled"
+        );
     }
 }

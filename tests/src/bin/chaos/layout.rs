@@ -53,7 +53,8 @@ impl Slot {
         let child = Command::new(&self.cmd[0])
             .args(&self.cmd[1..])
             .current_dir(&self.cwd)
-            .env("RUST_LOG", "info")
+            // The indexer logs its allocator's figures every second.
+            .env("RUST_LOG", "info,kvsteer_indexer::alloc=debug")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -290,16 +291,26 @@ fn sim_slot(paths: &Paths, sim: &SimSpec, i: usize) -> Slot {
     Slot::new(&format!("sim-w{}", i + 1), cmd, &paths.root)
 }
 
-/// `envoy/local/indexer.yaml` with the tokenizer resolved and the index on
-/// the soak's Redis.
+/// `envoy/local/indexer.yaml` with the tokenizer resolved, the index on
+/// the soak's Redis and the placement window of [`crate::warmup`].
 fn indexer_config(paths: &Paths, redis_port: u16) -> anyhow::Result<String> {
     let template = std::fs::read_to_string(paths.root.join("envoy/local/indexer.yaml"))
         .context("reading envoy/local/indexer.yaml")?;
     let memory = "index:\n  backend: memory\n";
-    if !template.contains(memory) {
-        bail!("envoy/local/indexer.yaml no longer has `{memory}`: update the soak");
+    let scoring = "scoring:\n  policy: kvsteer\n";
+    for part in [memory, scoring] {
+        if !template.contains(part) {
+            bail!("envoy/local/indexer.yaml no longer has `{part}`: update the soak");
+        }
     }
     Ok(template
+        .replace(
+            scoring,
+            &format!(
+                "{scoring}  placement_window_s: {}\n",
+                crate::warmup::PLACEMENT_WINDOW_S
+            ),
+        )
         .replace(".cache/tokenizers/qwen3", &path_str(&paths.tokenizer())?)
         .replace(
             memory,

@@ -15,7 +15,9 @@
 mod checks;
 mod faults;
 mod layout;
+mod memory;
 mod traffic;
+mod warmup;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +31,10 @@ use checks::{Check, SETTLE_S};
 use faults::{Fault, Faults, watch_stale};
 use layout::{Layout, SimSpec, debug_workers, workers};
 use traffic::{Rng, Traffic};
+
+/// Runs this long are judged after a full warm-up (`warmup`): the caches
+/// filled, two placement windows.
+const LONG_RUN_S: f64 = 300.0;
 
 const USAGE: &str = "usage: kvsteer-chaos [--ci | --duration SECS] [--sessions N] [--profile NAME] \
 [--time-scale X] [--seed N] [--logs DIR] [--report FILE]";
@@ -140,7 +146,7 @@ async fn run() -> anyhow::Result<bool> {
     };
 
     let stop = Arc::new(AtomicBool::new(false));
-    let rss = tokio::spawn(sample_rss(indexer_pid, t0, stop.clone()));
+    let rss = tokio::spawn(memory::sample(indexer_pid, t0, stop.clone()));
     let traffic = Arc::new(Traffic {
         http: reqwest::Client::builder()
             .pool_max_idle_per_host(0)
@@ -157,6 +163,8 @@ async fn run() -> anyhow::Result<bool> {
     plan.reverse();
     let mut next_reset = 5.0;
     let mut stale_watches = Vec::new();
+    // Long runs: the indexer's segment cache filled after its restart.
+    let mut prefill = None;
     let interrupted = loop {
         let now = faults.now();
         if now >= args.duration {
@@ -168,6 +176,9 @@ async fn run() -> anyhow::Result<bool> {
             plan.pop();
             eprintln!("chaos: {now:6.1} s {fault:?}");
             faults.run(fault).await?;
+            if fault == Fault::KillIndexer && args.duration >= LONG_RUN_S {
+                prefill = Some(tokio::spawn(warmup::fill_segment_cache(t0, args.seed)));
+            }
             if let Fault::KillWorker(_) = fault
                 && let Some(p) = faults.probes.last()
             {
@@ -209,7 +220,11 @@ async fn run() -> anyhow::Result<bool> {
     }
     let last_end = outcomes.iter().map(|o| o.end).fold(0.0, f64::max);
     let settled = settle_in_flight(&http, t0, last_end).await;
-    let rss_samples = rss.await.context("the RSS sampler panicked")?;
+    let mem_samples = rss.await.context("the memory sampler panicked")?;
+    let rss_samples: Vec<(f64, u32, u64)> = mem_samples
+        .iter()
+        .map(|m| (m.t, m.life, m.rss_kb))
+        .collect();
 
     let mut checks = Vec::new();
     let failures = checks::classify(&outcomes, &faults.events);
@@ -239,8 +254,21 @@ async fn run() -> anyhow::Result<bool> {
             format!("not run before the end: {}", skipped.join(", "))
         },
     });
-    let warmup = if args.duration >= 300.0 { 60.0 } else { 15.0 };
-    checks.push(checks::rss_check(&rss_samples, warmup));
+    let filled = match prefill {
+        Some(p) => Some(p.await.context("the cache prefill panicked")?),
+        None => None,
+    };
+    // Two placement windows: the route memories at their steady size.
+    let warmup = if args.duration >= LONG_RUN_S {
+        2.0 * warmup::PLACEMENT_WINDOW_S as f64
+    } else {
+        15.0
+    };
+    checks.push(checks::rss_check(
+        &rss_samples,
+        warmup,
+        filled.as_ref().map(|f| f.at),
+    ));
     checks.extend(stale_checks(&http, stale_watches).await);
 
     let mut report = String::new();
@@ -264,6 +292,26 @@ async fn run() -> anyhow::Result<bool> {
         "\nIndexer RSS: {}\n",
         checks::rss_series(&rss_samples, 5.0)
     ));
+    if let Some(f) = &filled {
+        report.push_str(&format!(
+            "\nSegment cache prefill: {} prompts, {} k tokens cached, {} at {:.0} s.\n",
+            f.prompts,
+            f.tokens / 1000,
+            if f.full {
+                "full (evicting)"
+            } else {
+                "NOT seen full"
+            },
+            f.at
+        ));
+    }
+    report.push_str(&format!(
+        "\nIndexer memory every 30 s (every second in {}/memory.csv):\n\n{}",
+        logs.display(),
+        memory::table(&mem_samples, 30.0)
+    ));
+    std::fs::write(logs.join("memory.csv"), memory::csv(&mem_samples))
+        .context("writing memory.csv")?;
     if !failures.other.is_empty() {
         report.push_str("\nFailed requests (first 20):\n");
         for o in failures.other.iter().take(20) {
@@ -395,34 +443,4 @@ async fn stale_checks(
         });
     }
     out
-}
-
-/// VmRSS of the running indexer once a second until `stop`.
-async fn sample_rss(
-    pid: Arc<Mutex<Option<(u32, u32)>>>,
-    t0: Instant,
-    stop: Arc<AtomicBool>,
-) -> Vec<(f64, u32, u64)> {
-    let mut out = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
-        let current = *pid.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((pid, life)) = current
-            && let Some(kb) = vm_rss_kb(pid)
-        {
-            out.push((t0.elapsed().as_secs_f64(), life, kb));
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    out
-}
-
-fn vm_rss_kb(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
