@@ -114,7 +114,13 @@ pub struct Layout {
 impl Layout {
     /// Starts Redis, the workers, the indexer (waiting until it sees every
     /// worker's stream live) and Envoy.
-    pub async fn start(paths: &Paths, sim: &SimSpec, logs: &Path) -> anyhow::Result<Layout> {
+    /// `window_s`: the indexer's route and placement windows.
+    pub async fn start(
+        paths: &Paths,
+        sim: &SimSpec,
+        logs: &Path,
+        window_s: u64,
+    ) -> anyhow::Result<Layout> {
         std::fs::create_dir_all(logs)?;
         let redis_port = free_port()?;
         let redis = Slot::new(
@@ -136,7 +142,7 @@ impl Layout {
         );
         let sims = (0..3).map(|i| sim_slot(paths, sim, i)).collect();
         let config = logs.join("indexer.yaml");
-        std::fs::write(&config, indexer_config(paths, redis_port)?)?;
+        std::fs::write(&config, indexer_config(paths, redis_port, window_s)?)?;
         let indexer = Slot::new(
             "indexer",
             vec![
@@ -292,8 +298,8 @@ fn sim_slot(paths: &Paths, sim: &SimSpec, i: usize) -> Slot {
 }
 
 /// `envoy/local/indexer.yaml` with the tokenizer resolved, the index on
-/// the soak's Redis and the placement window of [`crate::warmup`].
-fn indexer_config(paths: &Paths, redis_port: u16) -> anyhow::Result<String> {
+/// the soak's Redis and the route windows of [`crate::warmup::window_s`].
+fn indexer_config(paths: &Paths, redis_port: u16, window_s: u64) -> anyhow::Result<String> {
     let template = std::fs::read_to_string(paths.root.join("envoy/local/indexer.yaml"))
         .context("reading envoy/local/indexer.yaml")?;
     let memory = "index:\n  backend: memory\n";
@@ -306,10 +312,7 @@ fn indexer_config(paths: &Paths, redis_port: u16) -> anyhow::Result<String> {
     Ok(template
         .replace(
             scoring,
-            &format!(
-                "{scoring}  placement_window_s: {}\n",
-                crate::warmup::PLACEMENT_WINDOW_S
-            ),
+            &format!("{scoring}  route_window_s: {window_s}\n  placement_window_s: {window_s}\n"),
         )
         .replace(".cache/tokenizers/qwen3", &path_str(&paths.tokenizer())?)
         .replace(

@@ -32,10 +32,6 @@ use faults::{Fault, Faults, watch_stale};
 use layout::{Layout, SimSpec, debug_workers, workers};
 use traffic::{Rng, Traffic};
 
-/// Runs this long are judged after a full warm-up (`warmup`): the caches
-/// filled, two placement windows.
-const LONG_RUN_S: f64 = 300.0;
-
 const USAGE: &str = "usage: kvsteer-chaos [--ci | --duration SECS] [--sessions N] [--profile NAME] \
 [--time-scale X] [--seed N] [--logs DIR] [--report FILE]";
 
@@ -128,7 +124,8 @@ async fn run() -> anyhow::Result<bool> {
         args.sim.time_scale,
         logs.display()
     );
-    let layout = Layout::start(&paths, &args.sim, &logs).await?;
+    let window_s = warmup::window_s(args.duration);
+    let layout = Layout::start(&paths, &args.sim, &logs, window_s).await?;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()?;
@@ -163,7 +160,7 @@ async fn run() -> anyhow::Result<bool> {
     plan.reverse();
     let mut next_reset = 5.0;
     let mut stale_watches = Vec::new();
-    // Long runs: the indexer's segment cache filled after its restart.
+    // The indexer's segment cache filled after its restart.
     let mut prefill = None;
     let interrupted = loop {
         let now = faults.now();
@@ -176,7 +173,7 @@ async fn run() -> anyhow::Result<bool> {
             plan.pop();
             eprintln!("chaos: {now:6.1} s {fault:?}");
             faults.run(fault).await?;
-            if fault == Fault::KillIndexer && args.duration >= LONG_RUN_S {
+            if fault == Fault::KillIndexer {
                 prefill = Some(tokio::spawn(warmup::fill_segment_cache(t0, args.seed)));
             }
             if let Fault::KillWorker(_) = fault
@@ -258,12 +255,8 @@ async fn run() -> anyhow::Result<bool> {
         Some(p) => Some(p.await.context("the cache prefill panicked")?),
         None => None,
     };
-    // Two placement windows: the route memories at their steady size.
-    let warmup = if args.duration >= LONG_RUN_S {
-        2.0 * warmup::PLACEMENT_WINDOW_S as f64
-    } else {
-        15.0
-    };
+    // Two route windows: the route memories at their steady size.
+    let warmup = 2.0 * window_s as f64;
     checks.push(checks::rss_check(
         &rss_samples,
         warmup,
