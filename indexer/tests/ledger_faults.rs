@@ -18,8 +18,9 @@ use tonic::transport::Channel;
 
 const MODEL: &str = "m";
 /// Outer rounds of the template's spin for a slow pick (seconds of
-/// rendering); the tests act well within the first of them.
-const SLOW: u32 = 1_000;
+/// rendering; 1,000 rounds took under a second once the indexer moved to
+/// jemalloc); the tests act well within the first of them.
+const SLOW: u32 = 4_000;
 /// How long a test waits after sending a slow pick before acting on it:
 /// long enough for the request to reach its handler, far shorter than
 /// the pick.

@@ -7,34 +7,17 @@
 
 mod common;
 
-use common::{Admin, BLOCK, MODEL, Sim, eventually, free_port, shared};
+use common::{Admin, BLOCK, MODEL, Sim, eventually, shared};
 use kvsteer_indexer::{app, config::Config};
 use kvsteer_sim::server::LoraModule;
 use serde_json::{Value, json};
 
 async fn sim(adapter: &str) -> Sim {
-    for attempt in 0.. {
-        let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let kv = format!("tcp://127.0.0.1:{}", free_port());
-        let replay = format!("tcp://127.0.0.1:{}", free_port());
-        let loras = vec![LoraModule {
-            name: adapter.into(),
-            path: format!("/adapters/{adapter}"),
-        }];
-        match Sim::try_start_with(addr, &kv, &replay, loras).await {
-            Ok(handle) => {
-                return Sim {
-                    addr,
-                    kv,
-                    replay,
-                    handle,
-                };
-            }
-            Err(e) if attempt < 5 => eprintln!("retrying sim start: {e}"),
-            Err(e) => panic!("start sim: {e}"),
-        }
-    }
-    unreachable!()
+    Sim::start_with(vec![LoraModule {
+        name: adapter.into(),
+        path: format!("/adapters/{adapter}"),
+    }])
+    .await
 }
 
 fn turn(model: &str, topic: &str, answer: Option<&str>) -> Value {

@@ -203,12 +203,7 @@ impl Cluster {
             .and_then(Option::as_ref)
             .context("the replica is not running")?
             .id();
-        let status = Command::new("kill")
-            .args(["-s", signal, &pid.to_string()])
-            .status()
-            .context("running kill")?;
-        anyhow::ensure!(status.success(), "kill -s {signal} {pid}: {status}");
-        Ok(())
+        kill(pid, signal)
     }
 
     /// The admin URL of replica `r` (0: the first indexer).
@@ -331,12 +326,7 @@ impl Cluster {
             .as_ref()
             .context("the indexer is not running")?
             .id();
-        let status = Command::new("kill")
-            .args(["-s", signal, &pid.to_string()])
-            .status()
-            .context("running kill")?;
-        anyhow::ensure!(status.success(), "kill -s {signal} {pid}: {status}");
-        Ok(())
+        kill(pid, signal)
     }
 
     /// An Envoy stat by its full name (`wasmcustom.kvsteer_filter_steered`,
@@ -372,6 +362,16 @@ impl Cluster {
             .await?;
         Ok(metric_sum(&text, name, labels))
     }
+}
+
+/// `kill -s SIGNAL PID`.
+fn kill(pid: u32, signal: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .args(["-s", signal, &pid.to_string()])
+        .status()
+        .context("running kill")?;
+    anyhow::ensure!(status.success(), "kill -s {signal} {pid}: {status}");
+    Ok(())
 }
 
 /// Sums the samples of one metric in Prometheus text format.

@@ -331,15 +331,10 @@ impl Ledger {
         };
         w.prefill_rate = rate;
         w.calibrated = true;
-        let rates: Vec<f64> = inner
-            .workers
-            .iter()
-            .filter(|w| w.calibrated)
-            .map(|w| w.prefill_rate)
-            .collect();
-        let pooled = rates.iter().sum::<f64>() / rates.len() as f64;
-        for w in inner.workers.iter_mut().filter(|w| !w.calibrated) {
-            w.prefill_rate = pooled;
+        if let Some(pooled) = inner.pooled_rate() {
+            for w in inner.workers.iter_mut().filter(|w| !w.calibrated) {
+                w.prefill_rate = pooled;
+            }
         }
     }
 
@@ -363,14 +358,8 @@ impl Ledger {
         }
         // The slot's next worker starts uncalibrated, at the pool's rate.
         inner.workers[worker] = inner.prior;
-        let rates: Vec<f64> = inner
-            .workers
-            .iter()
-            .filter(|w| w.calibrated)
-            .map(|w| w.prefill_rate)
-            .collect();
-        if !rates.is_empty() {
-            inner.workers[worker].prefill_rate = rates.iter().sum::<f64>() / rates.len() as f64;
+        if let Some(pooled) = inner.pooled_rate() {
+            inner.workers[worker].prefill_rate = pooled;
         }
         inner.trim_queue_order();
         ids.len()
@@ -403,6 +392,16 @@ impl Ledger {
 }
 
 impl Inner {
+    /// The mean rate of the calibrated workers (`None`: none is).
+    fn pooled_rate(&self) -> Option<f64> {
+        let (sum, n) = self
+            .workers
+            .iter()
+            .filter(|w| w.calibrated)
+            .fold((0.0, 0u32), |(s, n), w| (s + w.prefill_rate, n + 1));
+        (n > 0).then(|| sum / f64::from(n))
+    }
+
     /// Removes `id`'s entry and releases what it held.
     fn close(&mut self, id: &str) -> Option<Entry> {
         let rec = self.entries.remove(id)?;

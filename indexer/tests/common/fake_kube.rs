@@ -166,12 +166,18 @@ impl FakeKube {
                 .filter_map(|kv| kv.split_once('='))
                 .map(|(k, v)| (k.to_owned(), decode(v)))
                 .collect();
-            let ok = if path != format!("/api/v1/namespaces/{}/pods", self.namespace) {
-                respond(&mut write, 404, &status(404, "NotFound", path)).await
-            } else if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
-                self.watch(&mut write, &q).await
-            } else {
-                self.list(&mut write, &q).await
+            let selector = selector::parse(q.get("labelSelector").map_or("", String::as_str));
+            let ok = match selector {
+                _ if path != format!("/api/v1/namespaces/{}/pods", self.namespace) => {
+                    respond(&mut write, 404, &status(404, "NotFound", path)).await
+                }
+                Err(_) => {
+                    respond(&mut write, 400, &status(400, "BadRequest", "labelSelector")).await
+                }
+                Ok(reqs) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
+                    self.watch(&mut write, &q, &reqs).await
+                }
+                Ok(reqs) => self.list(&mut write, &reqs).await,
             };
             if !ok {
                 return;
@@ -182,14 +188,11 @@ impl FakeKube {
     async fn list(
         &self,
         write: &mut tokio::net::tcp::OwnedWriteHalf,
-        q: &BTreeMap<String, String>,
+        reqs: &[selector::Requirement],
     ) -> bool {
-        let Ok(reqs) = selector::parse(q.get("labelSelector").map_or("", String::as_str)) else {
-            return respond(write, 400, &status(400, "BadRequest", "labelSelector")).await;
-        };
         let body = {
             let s = self.state.lock();
-            let items: Vec<&Value> = s.pods.values().filter(|p| selected(&reqs, p)).collect();
+            let items: Vec<&Value> = s.pods.values().filter(|p| selected(reqs, p)).collect();
             json!({
                 "apiVersion": "v1",
                 "kind": "PodList",
@@ -204,10 +207,8 @@ impl FakeKube {
         &self,
         write: &mut tokio::net::tcp::OwnedWriteHalf,
         q: &BTreeMap<String, String>,
+        reqs: &[selector::Requirement],
     ) -> bool {
-        let Ok(reqs) = selector::parse(q.get("labelSelector").map_or("", String::as_str)) else {
-            return respond(write, 400, &status(400, "BadRequest", "labelSelector")).await;
-        };
         let from: u64 = q
             .get("resourceVersion")
             .and_then(|v| v.parse().ok())
@@ -240,7 +241,7 @@ impl FakeKube {
             return end(write).await;
         }
         for (rv, kind, pod) in backlog {
-            if selected(&reqs, &pod) && !chunk(write, &json!({"type": kind, "object": pod})).await {
+            if selected(reqs, &pod) && !chunk(write, &json!({"type": kind, "object": pod})).await {
                 return false;
             }
             last = last.max(rv);
@@ -265,7 +266,7 @@ impl FakeKube {
                             continue;
                         }
                         last = rv;
-                        if selected(&reqs, &pod)
+                        if selected(reqs, &pod)
                             && !chunk(write, &json!({"type": kind, "object": pod})).await
                         {
                             return false;

@@ -178,11 +178,16 @@ impl Sim {
     /// Start an engine on free ports (the topic names its HTTP address, so
     /// ports are chosen before binding; a collision picks again).
     pub async fn start() -> Sim {
+        Self::start_with(Vec::new()).await
+    }
+
+    /// [`Self::start`] serving LoRA adapters too.
+    pub async fn start_with(lora_modules: Vec<kvsteer_sim::server::LoraModule>) -> Sim {
         for attempt in 0.. {
             let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
             let kv = format!("tcp://127.0.0.1:{}", free_port());
             let replay = format!("tcp://127.0.0.1:{}", free_port());
-            match Self::try_start(addr, &kv, &replay).await {
+            match Self::try_start_with(addr, &kv, &replay, lora_modules.clone()).await {
                 Ok(handle) => {
                     return Sim {
                         addr,
