@@ -1351,6 +1351,18 @@ fn bad_values_are_refused_with_a_reason() {
             (&["discovery.enabled=false"][..], "no worker"),
         ),
         (
+            "several replicas under Istio",
+            (
+                &[
+                    "gateway=istio",
+                    "indexer.replicas=2",
+                    "index.backend=redis",
+                    "index.redis.url=redis://redis:6379",
+                ][..],
+                "gateway: istio runs one indexer replica",
+            ),
+        ),
+        (
             "buffer below the body limit",
             (&["upstream.bufferLimitBytes=1024"][..], "bufferLimitBytes"),
         ),
