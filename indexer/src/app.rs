@@ -261,10 +261,8 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         std::env::var("POD_IP")
             .ok()
             .filter(|ip| !ip.is_empty())
-            .map(|ip| match ip.parse::<std::net::IpAddr>() {
-                Ok(std::net::IpAddr::V6(v6)) => format!("[{v6}]:{}", grpc_addr.port()),
-                _ => format!("{ip}:{}", grpc_addr.port()),
-            })
+            .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+            .map(|ip| SocketAddr::new(ip, grpc_addr.port()).to_string())
             .unwrap_or_default()
     });
     let service = RouterService::new(picker.clone(), replica.clone())

@@ -315,7 +315,7 @@ impl Picker {
         // without workers are answered by `place` without tokenizing.
         let ids = match (self.resolve_model(&model), prompt) {
             (_, Err(e)) => Err(Unread::Failed(e)),
-            (Ok(r), Ok(p)) if !self.candidates(&r).is_empty() => self.tokenize(r.model, p).await,
+            (Ok(r), Ok(p)) if self.has_candidates(&r) => self.tokenize(r.model, p).await,
             (_, Ok(_)) => Ok(Vec::new()),
         };
         self.place(target, |_| ids, mode, PickAt::now()).await
@@ -596,6 +596,15 @@ impl Picker {
             workers.retain(|w| w.serves_adapter(lora));
         }
         workers
+    }
+
+    /// [`Self::candidates`] is not empty (without collecting them).
+    fn has_candidates(&self, r: &Resolved<'_>) -> bool {
+        match r.lora {
+            None => self.workers.serves(&r.model.name),
+            // `adapter_base` found it on a worker of this model.
+            Some(_) => true,
+        }
     }
 
     /// The prompt's keys, where its blocks are cached, and one view per

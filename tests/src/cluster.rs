@@ -157,14 +157,7 @@ impl Cluster {
     }
 
     pub async fn start_indexer(&mut self) -> anyhow::Result<()> {
-        let path = self.indexer_config(0)?;
-        let mut cmd = Command::new(self.paths.indexer());
-        cmd.current_dir(&self.paths.root)
-            .env("RUST_LOG", "info")
-            .arg("serve")
-            .arg("--config")
-            .arg(&path);
-        self.indexer = Some(Proc::spawn("indexer", cmd, self.dir.path())?);
+        self.indexer = Some(self.spawn_indexer(0)?);
         wait_http_ok(&self.admin_url("/readyz"), START_LIMIT).await?;
         let n = self.sims.iter().filter(|s| s.is_some()).count();
         self.wait_streams_live(n).await
@@ -173,14 +166,7 @@ impl Cluster {
     /// Replica `r` (1, 2, …) of the indexer: gRPC on 9090 + 100·r, admin
     /// one above, advertising its gRPC address.
     pub async fn start_replica(&mut self, r: usize) -> anyhow::Result<()> {
-        let path = self.indexer_config(r)?;
-        let mut cmd = Command::new(self.paths.indexer());
-        cmd.current_dir(&self.paths.root)
-            .env("RUST_LOG", "info")
-            .arg("serve")
-            .arg("--config")
-            .arg(&path);
-        let proc = Proc::spawn(&format!("indexer-{}", r + 1), cmd, self.dir.path())?;
+        let proc = self.spawn_indexer(r)?;
         while self.replicas.len() < r {
             self.replicas.push(None);
         }
@@ -209,6 +195,23 @@ impl Cluster {
     /// The admin URL of replica `r` (0: the first indexer).
     pub fn replica_admin_url(&self, r: usize, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", 9091 + 100 * r)
+    }
+
+    /// Starts replica `r` (0: the first indexer) on its config.
+    fn spawn_indexer(&self, r: usize) -> anyhow::Result<Proc> {
+        let path = self.indexer_config(r)?;
+        let mut cmd = Command::new(self.paths.indexer());
+        cmd.current_dir(&self.paths.root)
+            .env("RUST_LOG", "info")
+            .arg("serve")
+            .arg("--config")
+            .arg(&path);
+        let name = if r == 0 {
+            "indexer".to_owned()
+        } else {
+            format!("indexer-{}", r + 1)
+        };
+        Proc::spawn(&name, cmd, self.dir.path())
     }
 
     /// The config of replica `r` (0: the first) in the scratch directory.

@@ -9,6 +9,7 @@
 
 mod cluster;
 mod http;
+pub mod manifests;
 mod paths;
 mod process;
 mod recorder;

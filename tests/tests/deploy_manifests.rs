@@ -19,9 +19,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use kvsteer_e2e::manifests::{documents, merge, root, str_at, tool, walk, wasm};
 use kvsteer_filter::config::FilterConfig;
 use kvsteer_indexer::config::Config as IndexerConfig;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "kvsteer";
@@ -31,13 +31,6 @@ const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.
 const OVERRIDE_HOST: &str = "envoy.load_balancing_policies.override_host";
 
 // === the manifests ===
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the tests crate sits in the workspace")
-        .to_path_buf()
-}
 
 fn yaml_files(dir: &Path, found: &mut Vec<PathBuf>) {
     let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
@@ -54,17 +47,6 @@ fn yaml_files(dir: &Path, found: &mut Vec<PathBuf>) {
             found.push(path);
         }
     }
-}
-
-/// Every non-empty YAML document of a (multi-document) text.
-fn documents(name: &str, text: &str) -> Vec<Value> {
-    serde_norway::Deserializer::from_str(text)
-        .enumerate()
-        .map(|(i, doc)| {
-            Value::deserialize(doc).unwrap_or_else(|e| panic!("{name}: document {i}: {e}"))
-        })
-        .filter(|v| !v.is_null())
-        .collect()
 }
 
 /// `(file relative to the repository root, document)` for all of `deploy/`.
@@ -97,12 +79,6 @@ fn object(kind: &str, name: &str) -> Value {
         .unwrap_or_else(|| panic!("no {kind} {name} under deploy/"))
 }
 
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer)
-        .and_then(Value::as_str)
-        .unwrap_or_else(|| panic!("no string at {pointer} in {v}"))
-}
-
 fn indexer_yaml() -> String {
     let cm = object("ConfigMap", "kvsteer-indexer-config");
     str_at(&cm, "/data/indexer.yaml").to_owned()
@@ -111,18 +87,6 @@ fn indexer_yaml() -> String {
 fn standalone_envoy_yaml() -> String {
     let cm = object("ConfigMap", "kvsteer-envoy");
     str_at(&cm, "/data/envoy.yaml").to_owned()
-}
-
-/// Every JSON object in `v` (depth first) for which `pick` holds.
-fn walk<'a>(v: &'a Value, pick: &dyn Fn(&Value) -> bool, out: &mut Vec<&'a Value>) {
-    if pick(v) {
-        out.push(v);
-    }
-    match v {
-        Value::Object(map) => map.values().for_each(|c| walk(c, pick, out)),
-        Value::Array(list) => list.iter().for_each(|c| walk(c, pick, out)),
-        _ => {}
-    }
 }
 
 fn wasm_configs(v: &Value) -> Vec<&Value> {
@@ -364,43 +328,12 @@ fn plugin_configurations_pass_the_filter_parser() {
 /// Envoy, or `None` (with the reason printed) when it is truly absent.
 /// `$KVSTEER_ENVOY` set to a missing file is an error, not a skip.
 fn envoy() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("KVSTEER_ENVOY").map(PathBuf::from) {
-        assert!(
-            path.is_file(),
-            "KVSTEER_ENVOY={} does not exist",
-            path.display()
-        );
-        return Some(path);
-    }
-    let venv = root().join(".venv/bin/envoy");
-    if venv.is_file() {
-        return Some(venv);
-    }
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join("envoy"))
-            .find(|p| p.is_file())
-    });
-    if on_path.is_none() {
-        eprintln!(
-            "SKIPPED: no Envoy (KVSTEER_ENVOY unset, no {}, none on PATH); \
-             scripts/test.sh installs it",
-            venv.display()
-        );
-    }
-    on_path
-}
-
-fn wasm() -> PathBuf {
-    let path = std::env::var_os("KVSTEER_WASM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target/wasm32-wasip1/release/kvsteer_filter.wasm"));
-    assert!(
-        path.is_file(),
-        "{} missing: cargo build -p kvsteer-filter --target wasm32-wasip1 --release",
-        path.display()
-    );
-    path
+    tool(
+        "KVSTEER_ENVOY",
+        "envoy",
+        &[root().join(".venv/bin/envoy")],
+        "scripts/test.sh installs it",
+    )
 }
 
 fn validate(envoy: &Path, name: &str, file: &Path) {
@@ -445,20 +378,6 @@ fn standalone_envoy_bootstrap_validates() {
     let file = dir.path().join("envoy.yaml");
     std::fs::write(&file, local).expect("write envoy.yaml");
     validate(&envoy, "deploy/envoy/configmap.yaml envoy.yaml", &file);
-}
-
-/// Proto MERGE as Istio applies it: objects merge key by key, lists append,
-/// anything else is replaced.
-fn merge(into: &mut Value, patch: &Value) {
-    match (into, patch) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (Value::Array(a), Value::Array(b)) => a.extend(b.iter().cloned()),
-        (slot, v) => *slot = v.clone(),
-    }
 }
 
 fn patches<'a>(filter: &'a Value, apply_to: &str) -> Vec<&'a Value> {

@@ -24,9 +24,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use kvsteer_e2e::manifests::{documents, merge, root, str_at, tool, walk, wasm};
 use kvsteer_filter::config::FilterConfig;
 use kvsteer_indexer::config::Config as IndexerConfig;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 const RELEASE: &str = "kvsteer";
@@ -65,32 +65,6 @@ const VLLM_ADMIN_PATHS: &[&str] = &[
 
 // === tools ===
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the tests crate sits in the workspace")
-        .to_path_buf()
-}
-
-/// `$VAR` (must exist), else the first candidate that exists, else `name`
-/// on PATH; `None` (with the reason printed) when there is none.
-fn tool(var: &str, name: &str, candidates: &[PathBuf], installer: &str) -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os(var).map(PathBuf::from) {
-        assert!(path.is_file(), "{var}={} does not exist", path.display());
-        return Some(path);
-    }
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    });
-    let found = candidates.iter().find(|p| p.is_file()).cloned().or(on_path);
-    if found.is_none() {
-        eprintln!("SKIPPED: no {name} ({var} unset, none in .cache/.venv or on PATH); {installer}");
-    }
-    found
-}
-
 fn helm() -> Option<PathBuf> {
     tool(
         "KVSTEER_HELM",
@@ -116,18 +90,6 @@ fn envoy() -> Option<PathBuf> {
         &[root().join(".venv/bin/envoy")],
         "scripts/test.sh installs it (ensure_envoy)",
     )
-}
-
-fn wasm() -> PathBuf {
-    let path = std::env::var_os("KVSTEER_WASM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target/wasm32-wasip1/release/kvsteer_filter.wasm"));
-    assert!(
-        path.is_file(),
-        "{} missing: cargo build -p kvsteer-filter --target wasm32-wasip1 --release",
-        path.display()
-    );
-    path
 }
 
 fn run(cmd: &mut Command, what: &str) -> String {
@@ -230,16 +192,6 @@ fn args(case: &Case, b64: &Path) -> Vec<String> {
     args
 }
 
-fn documents(name: &str, text: &str) -> Vec<Value> {
-    serde_norway::Deserializer::from_str(text)
-        .enumerate()
-        .map(|(i, doc)| {
-            Value::deserialize(doc).unwrap_or_else(|e| panic!("{name}: document {i}: {e}"))
-        })
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
 /// Lints and renders every case (or `None` without helm).
 fn render_all() -> Option<(Vec<Rendered>, tempfile::TempDir)> {
     let helm = helm()?;
@@ -290,23 +242,6 @@ fn base64(bytes: &[u8]) -> String {
         }
     }
     s
-}
-
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer)
-        .and_then(Value::as_str)
-        .unwrap_or_else(|| panic!("no string at {pointer} in {v}"))
-}
-
-fn walk<'a>(v: &'a Value, pick: &dyn Fn(&Value) -> bool, out: &mut Vec<&'a Value>) {
-    if pick(v) {
-        out.push(v);
-    }
-    match v {
-        Value::Object(map) => map.values().for_each(|c| walk(c, pick, out)),
-        Value::Array(list) => list.iter().for_each(|c| walk(c, pick, out)),
-        _ => {}
-    }
 }
 
 // === the whole check, one rendering at a time ===
@@ -952,19 +887,6 @@ fn standalone_routes_close_admin_paths(r: &Rendered, text: &str) {
         "{}",
         r.case
     );
-}
-
-/// Istio's MERGE: objects merge key by key, lists append, the rest replaces.
-fn merge(into: &mut Value, patch: &Value) {
-    match (into, patch) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (Value::Array(a), Value::Array(b)) => a.extend(b.iter().cloned()),
-        (slot, v) => *slot = v.clone(),
-    }
 }
 
 fn istio_sidecar_validates(envoy: &Path, r: &Rendered) {

@@ -104,11 +104,8 @@ pub fn view(pool: &PoolConfig, pod: &Pod) -> PodView {
         Ok(n) => n,
         Err(e) => return PodView::Invalid("bad_annotation", e),
     };
-    let host = match ip {
-        std::net::IpAddr::V4(v4) => v4.to_string(),
-        std::net::IpAddr::V6(v6) => format!("[{v6}]"),
-    };
-    let endpoint = format!("{host}:{http}");
+    let addr = |port: u16| std::net::SocketAddr::new(ip, port);
+    let endpoint = addr(http).to_string();
     let workers = (0..dp)
         .map(|rank| {
             let offset = |p: u16| -> Option<u16> { p.checked_add(u16::try_from(rank).ok()?) };
@@ -127,8 +124,12 @@ pub fn view(pool: &PoolConfig, pod: &Pod) -> PodView {
                     name,
                     endpoint: endpoint.clone(),
                     model: pool.model.clone(),
-                    kv_events: events.and_then(offset).map(|p| format!("tcp://{host}:{p}")),
-                    replay: replay.and_then(offset).map(|p| format!("tcp://{host}:{p}")),
+                    kv_events: events
+                        .and_then(offset)
+                        .map(|p| format!("tcp://{}", addr(p))),
+                    replay: replay
+                        .and_then(offset)
+                        .map(|p| format!("tcp://{}", addr(p))),
                     metrics: Some(format!("http://{endpoint}/metrics")),
                     data_parallel_rank: dp_rank,
                     bind: false,

@@ -83,10 +83,11 @@ pub async fn client(cfg: &KubernetesConfig) -> Result<(Client, String), ClientEr
 #[derive(Default)]
 pub struct DiscoveryStatus {
     pub namespace: String,
-    stale: AtomicBool,
     last_error: Mutex<Option<String>>,
     /// Per pool: its first list completed.
     synced: Vec<AtomicBool>,
+    /// Per pool: its last watch failed and no list succeeded since.
+    stale: Vec<AtomicBool>,
 }
 
 impl DiscoveryStatus {
@@ -94,12 +95,14 @@ impl DiscoveryStatus {
         Self {
             namespace,
             synced: (0..pools).map(|_| AtomicBool::new(false)).collect(),
+            stale: (0..pools).map(|_| AtomicBool::new(false)).collect(),
             ..Default::default()
         }
     }
 
+    /// Some pool's watch failed and no list succeeded since.
     pub fn is_stale(&self) -> bool {
-        self.stale.load(Relaxed)
+        self.stale.iter().any(|s| s.load(Relaxed))
     }
 
     pub fn last_error(&self) -> Option<String> {
@@ -182,7 +185,6 @@ pub async fn run(
     shutdown: signal::Receiver<bool>,
 ) {
     let api: Api<Pod> = Api::namespaced(client, &status.namespace);
-    let stale_pools = Arc::new(Mutex::new(vec![false; cfg.pools.len()]));
     let watches = cfg.pools.iter().enumerate().map(|(i, pool)| {
         let mut w = PoolWatch {
             index: i,
@@ -191,7 +193,6 @@ pub async fn run(
             fleet: fleet.clone(),
             status: status.clone(),
             metrics: metrics.clone(),
-            stale_pools: stale_pools.clone(),
             members: HashMap::new(),
         };
         let api = api.clone();
@@ -213,7 +214,6 @@ struct PoolWatch {
     fleet: Arc<Fleet>,
     status: Arc<DiscoveryStatus>,
     metrics: DiscoveryMetrics,
-    stale_pools: Arc<Mutex<Vec<bool>>>,
     /// Pod uid → its workers in the fleet.
     members: HashMap<String, Vec<Arc<crate::workers::Worker>>>,
 }
@@ -280,16 +280,11 @@ impl PoolWatch {
     }
 
     fn set_stale(&self, error: Option<String>) {
-        let any = {
-            let mut pools = self.stale_pools.lock();
-            pools[self.index] = error.is_some();
-            pools.iter().any(|s| *s)
-        };
+        self.status.stale[self.index].store(error.is_some(), Relaxed);
         if error.is_none() {
             self.status.synced[self.index].store(true, Relaxed);
         }
-        self.status.stale.store(any, Relaxed);
-        self.metrics.stale.set(i64::from(any));
+        self.metrics.stale.set(i64::from(self.status.is_stale()));
         if let Some(e) = error {
             *self.status.last_error.lock() = Some(e);
         }
