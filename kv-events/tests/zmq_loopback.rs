@@ -698,3 +698,110 @@ async fn bind_mode_reports_a_publisher_leaving_and_coming_back() {
     stop.send(true).expect("shutdown");
     timeout(WAIT, task).await.expect("stops").expect("no panic");
 }
+
+/// A replay ROUTER that answers its first request with a batch missing in
+/// the middle (as a libzmq ROUTER past its high-water mark drops messages:
+/// vLLM's replay loop sends without waiting for the reader), and later ones
+/// whole. The subscriber asks again from the last batch it delivered and
+/// loses nothing.
+#[tokio::test]
+async fn a_reply_missing_batches_midway_is_asked_again() {
+    let live = Publisher::bind(PublisherConfig {
+        replay_endpoint: None,
+        ..pub_config("tcp://127.0.0.1:0", "unused")
+    })
+    .await
+    .expect("bind PUB");
+    let mut router = zeromq::RouterSocket::new();
+    let replay_ep = router.bind("tcp://127.0.0.1:0").await.expect("bind ROUTER");
+    let replay_ep = format!("tcp://{replay_ep}").replace("tcp://tcp://", "tcp://");
+    let payloads: Vec<Bytes> = (0..6)
+        .map(|i| kvsteer_kv_events::encode_batch(&batch(7, i), Encoding::Map).into())
+        .collect();
+    let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let server = {
+        let (payloads, requests) = (payloads.clone(), requests.clone());
+        tokio::spawn(async move {
+            for round in 0..2 {
+                let msg = router.recv().await.expect("replay request");
+                let frames = msg.into_vec();
+                let start = u64::from_be_bytes(frames[2][..8].try_into().unwrap());
+                requests.lock().unwrap().push(start);
+                for seq in start..6 {
+                    if round == 0 && seq == 3 {
+                        continue;
+                    }
+                    let reply = vec![
+                        frames[0].clone(),
+                        Bytes::new(),
+                        Bytes::from(TOPIC),
+                        Bytes::copy_from_slice(&seq.to_be_bytes()),
+                        payloads[seq as usize].clone(),
+                    ];
+                    router
+                        .send(ZmqMessage::try_from(reply).unwrap())
+                        .await
+                        .unwrap();
+                }
+                let end = vec![
+                    frames[0].clone(),
+                    Bytes::new(),
+                    Bytes::new(),
+                    Bytes::from_static(&[0xff; 8]),
+                    Bytes::new(),
+                ];
+                router
+                    .send(ZmqMessage::try_from(end).unwrap())
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    let (pub_ep, _) = live.local_endpoints();
+    let (tx, mut rx) = mpsc::channel(4);
+    let (stop, stop_rx) = watch::channel(false);
+    let cfg = SubscriberConfig {
+        endpoint: pub_ep,
+        replay_endpoint: Some(replay_ep),
+        topic: "kv@".into(),
+        bind: false,
+        max_replay_retries: 0,
+        backoff_initial: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(200),
+        reconnect_max: Duration::from_millis(200),
+        idle_reconnect: None,
+        down_grace: None,
+    };
+    let task = spawn_subscriber(cfg, tx, stop_rx);
+    let mut seqs = Vec::new();
+    while seqs.len() < 6 {
+        match timeout(WAIT, rx.recv())
+            .await
+            .expect("item")
+            .expect("alive")
+        {
+            StreamItem::Batch {
+                seq,
+                replayed,
+                batch: b,
+                ..
+            } => {
+                assert!(replayed);
+                assert_eq!(b, batch(7, seq));
+                seqs.push(seq);
+            }
+            StreamItem::Connected => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(seqs, [0, 1, 2, 3, 4, 5]);
+    timeout(WAIT, server)
+        .await
+        .expect("server done")
+        .expect("no panic");
+    // First from the start, then from the last batch delivered before the hole.
+    assert_eq!(*requests.lock().unwrap(), [0, 2]);
+    let _ = stop.send(true);
+    timeout(WAIT, task).await.expect("stops").expect("no panic");
+    live.shutdown().await;
+}

@@ -18,7 +18,7 @@ mod subscriber;
 pub use publisher::{
     DEFAULT_PUB_ENDPOINT, DEFAULT_REPLAY_BUFFER_BATCHES, Publisher, PublisherConfig,
 };
-pub use replay_client::{ReplayError, ReplayedBatch, fetch_replay};
+pub use replay_client::{ReplayError, ReplayStream, ReplayedBatch, fetch_replay};
 pub use subscriber::{
     CONNECT_TIMEOUT, REPLAY_TIMEOUT, StreamItem, SubscriberConfig, spawn_probed_subscriber,
     spawn_subscriber,

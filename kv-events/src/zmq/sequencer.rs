@@ -11,8 +11,6 @@
 use std::collections::VecDeque;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use super::replay_client::ReplayedBatch;
-
 /// Delivered (seq, payload hash) pairs remembered for duplicate detection.
 const RECENT: usize = 4096;
 
@@ -33,16 +31,24 @@ pub(crate) enum Live {
     Reset { last_seq: u64 },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ReplayPlan {
-    /// The replay shows another engine incarnation than the one delivered so far.
-    Reset { last_seq: u64, got: u64 },
-    /// Deliver these replies (indices, in order); `lost` is the range
-    /// `[from, to)` that was no longer buffered.
-    Deliver {
-        indices: Vec<usize>,
-        lost: Option<(u64, u64)>,
-    },
+/// What to do with one batch of a replay reply, read in seq order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReplayStep {
+    /// Already delivered (or older than what was delivered).
+    Skip,
+    /// New: deliver it. `lost` is the range `[from, to)` between what was
+    /// delivered and this batch that the reply does not hold.
+    Deliver { lost: Option<(u64, u64)> },
+    /// The reply shows another engine incarnation than the one delivered so far.
+    Restarted { last_seq: u64 },
+}
+
+/// Whether a replay reply has shown yet that it comes from the engine
+/// delivered so far (it can tell only once it reaches the last delivered seq).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplayCheck {
+    confirmed: bool,
+    newest: Option<u64>,
 }
 
 // === impl Sequencer ===
@@ -87,34 +93,52 @@ impl Sequencer {
         }
     }
 
-    pub(crate) fn plan_replay(&self, replies: &[ReplayedBatch]) -> ReplayPlan {
-        let newest = replies.last().map(|b| b.seq);
-        if let Some(last) = self.last {
-            let same_engine = match replies.iter().find(|b| b.seq == last) {
-                Some(b) => self.recent_hash(last).is_none_or(|h| h == hash(&b.payload)),
-                // The engine's newest batch is older than ours: it restarted.
-                None => newest.is_some_and(|n| n > last),
-            };
-            if !same_engine {
-                return ReplayPlan::Reset {
-                    last_seq: last,
-                    got: newest.unwrap_or(0),
-                };
-            }
-        }
-        let mut indices = Vec::new();
-        let mut high = self.last;
-        for (i, b) in replies.iter().enumerate() {
-            if high.is_none_or(|h| b.seq > h) {
-                indices.push(i);
-                high = Some(b.seq);
-            }
-        }
-        let lost = match (self.last, indices.first().map(|i| replies[*i].seq)) {
-            (Some(last), Some(first)) if first > last.saturating_add(1) => Some((last + 1, first)),
-            _ => None,
+    /// Classifies the next batch of a replay reply (asked from
+    /// [`resume_from`](Self::resume_from), so the last delivered batch comes
+    /// first when the engine still buffers it).
+    pub(crate) fn replay_step(
+        &self,
+        check: &mut ReplayCheck,
+        seq: u64,
+        payload: &[u8],
+    ) -> ReplayStep {
+        check.newest = Some(check.newest.map_or(seq, |n| n.max(seq)));
+        let Some(last) = self.last else {
+            check.confirmed = true;
+            return ReplayStep::Deliver { lost: None };
         };
-        ReplayPlan::Deliver { indices, lost }
+        if seq < last {
+            return ReplayStep::Skip;
+        }
+        if seq == last {
+            if check.confirmed {
+                return ReplayStep::Skip;
+            }
+            check.confirmed = true;
+            return match self.recent_hash(last) {
+                Some(h) if h != hash(payload) => ReplayStep::Restarted { last_seq: last },
+                _ => ReplayStep::Skip,
+            };
+        }
+        // Past our last batch without having seen it: the engine evicted it
+        // (same engine, some batches lost) or, when it reached this seq in
+        // its present life, restarted; the two cannot be told apart here and
+        // the loss is reported either way.
+        check.confirmed = true;
+        let next = last.saturating_add(1);
+        ReplayStep::Deliver {
+            lost: (seq > next).then_some((next, seq)),
+        }
+    }
+
+    /// At the end marker: `Restarted` when the reply never reached the last
+    /// delivered seq (the engine's newest batch is older than ours), with the
+    /// newest seq the reply held (0 when empty).
+    pub(crate) fn replay_end(&self, check: &ReplayCheck) -> Option<(u64, u64)> {
+        match self.last {
+            Some(last) if !check.confirmed => Some((last, check.newest.unwrap_or(0))),
+            _ => None,
+        }
     }
 
     pub(crate) fn delivered(&mut self, seq: u64, payload: &[u8]) {
@@ -142,16 +166,7 @@ fn hash(payload: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-
     use super::*;
-
-    fn rb(seq: u64, payload: &'static [u8]) -> ReplayedBatch {
-        ReplayedBatch {
-            seq,
-            payload: Bytes::from_static(payload),
-        }
-    }
 
     #[test]
     fn in_order_gap_and_duplicate() {
@@ -180,56 +195,85 @@ mod tests {
         assert_eq!(s.classify_live(3, b"d"), Live::Gap { expected: 0 });
     }
 
+    /// Feeds a reply through `replay_step` the way the subscriber does
+    /// (delivering as it goes); the steps, then what `replay_end` says.
+    fn run(s: &mut Sequencer, reply: &[(u64, &[u8])]) -> (Vec<ReplayStep>, Option<(u64, u64)>) {
+        let mut check = ReplayCheck::default();
+        let mut steps = Vec::new();
+        for (seq, payload) in reply {
+            let step = s.replay_step(&mut check, *seq, payload);
+            if let ReplayStep::Deliver { .. } = step {
+                s.delivered(*seq, payload);
+            }
+            steps.push(step);
+            if let ReplayStep::Restarted { .. } = step {
+                return (steps, None);
+            }
+        }
+        let end = s.replay_end(&check);
+        (steps, end)
+    }
+
+    const NEW: ReplayStep = ReplayStep::Deliver { lost: None };
+
     #[test]
     fn replay_from_same_engine_delivers_newer_only() {
         let mut s = Sequencer::default();
         s.delivered(2, b"c");
-        let plan = s.plan_replay(&[rb(2, b"c"), rb(3, b"d"), rb(4, b"e")]);
-        assert_eq!(
-            plan,
-            ReplayPlan::Deliver {
-                indices: vec![1, 2],
-                lost: None
-            }
-        );
+        let (steps, end) = run(&mut s, &[(2, b"c"), (3, b"d"), (4, b"e")]);
+        assert_eq!(steps, [ReplayStep::Skip, NEW, NEW]);
+        assert_eq!(end, None);
+        assert_eq!(s.last(), Some(4));
+    }
+
+    #[test]
+    fn replay_into_empty_sequencer_delivers_all() {
+        let mut s = Sequencer::default();
+        let (steps, end) = run(&mut s, &[(0, b"a"), (1, b"b")]);
+        assert_eq!(steps, [NEW, NEW]);
+        assert_eq!(end, None);
+        assert_eq!(run(&mut Sequencer::default(), &[]), (vec![], None));
     }
 
     #[test]
     fn replay_detects_restart() {
         let mut s = Sequencer::default();
         s.delivered(5, b"f");
-        // The new engine is behind us.
+        // The new engine is behind us (asked from 5, an older engine's
+        // ROUTER would send nothing; older seqs are skipped if sent).
         assert_eq!(
-            s.plan_replay(&[rb(0, b"x"), rb(1, b"y")]),
-            ReplayPlan::Reset {
-                last_seq: 5,
-                got: 1
-            }
+            run(&mut s, &[(0, b"x"), (1, b"y")]),
+            (vec![ReplayStep::Skip; 2], Some((5, 1)))
         );
-        assert_eq!(
-            s.plan_replay(&[]),
-            ReplayPlan::Reset {
-                last_seq: 5,
-                got: 0
-            }
-        );
+        assert_eq!(run(&mut s, &[]), (vec![], Some((5, 0))));
         // The new engine got further, but seq 5 is another payload.
-        assert!(matches!(
-            s.plan_replay(&[rb(5, b"other"), rb(6, b"z")]),
-            ReplayPlan::Reset { .. }
-        ));
+        assert_eq!(
+            run(&mut s, &[(5, b"other"), (6, b"z")]).0,
+            [ReplayStep::Restarted { last_seq: 5 }]
+        );
     }
 
     #[test]
     fn replay_reports_evicted_range() {
         let mut s = Sequencer::default();
         s.delivered(1, b"b");
+        let (steps, end) = run(&mut s, &[(4, b"e"), (5, b"f")]);
+        assert_eq!(steps, [ReplayStep::Deliver { lost: Some((2, 4)) }, NEW]);
+        assert_eq!(end, None);
+    }
+
+    #[test]
+    fn gap_inside_a_reply_is_reported_against_what_was_delivered() {
+        let mut s = Sequencer::default();
+        s.delivered(1, b"b");
+        let (steps, _) = run(&mut s, &[(1, b"b"), (2, b"c"), (7, b"h")]);
         assert_eq!(
-            s.plan_replay(&[rb(4, b"e"), rb(5, b"f")]),
-            ReplayPlan::Deliver {
-                indices: vec![0, 1],
-                lost: Some((2, 4))
-            }
+            steps,
+            [
+                ReplayStep::Skip,
+                NEW,
+                ReplayStep::Deliver { lost: Some((3, 7)) }
+            ]
         );
     }
 }

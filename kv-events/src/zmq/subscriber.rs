@@ -32,8 +32,8 @@ use zeromq::prelude::*;
 use zeromq::{SocketEvent, SocketOptions, SubSocket, ZmqError, ZmqMessage};
 
 use super::frames::parse_live;
-use super::replay_client::{ReplayedBatch, fetch_replay};
-use super::sequencer::{Live, ReplayPlan, Sequencer};
+use super::replay_client::{ReplayError, ReplayStream};
+use super::sequencer::{Live, ReplayCheck, ReplayStep, Sequencer};
 use crate::{DecodeError, EventBatch, decode_batch};
 
 /// Bound on the replay connect and on each wait for the next replay message.
@@ -185,6 +185,20 @@ enum Next {
     Grace,
 }
 
+/// How one replay request ended.
+enum Replayed {
+    /// The end marker was reached.
+    Complete,
+    /// The reply skipped seqs after delivering some.
+    Truncated,
+    /// The reply shows an engine restart.
+    Restarted {
+        last_seq: u64,
+        got: u64,
+    },
+    Failed(ReplayError),
+}
+
 // === impl Worker ===
 
 impl Worker {
@@ -232,9 +246,7 @@ impl Worker {
     async fn resume(&mut self) -> Flow<()> {
         if self.cfg.replay_endpoint.is_some() {
             let from = self.seq.resume_from();
-            if let Some(replies) = self.replay(from).await? {
-                self.apply_replay(replies).await?;
-            }
+            self.replay(from, false).await?;
         }
         if let Some(since) = self.down_since.take() {
             tracing::info!(endpoint = %self.cfg.endpoint, down_for = ?since.elapsed(), "kv event stream back");
@@ -352,23 +364,8 @@ impl Worker {
     /// Replays from the resume point (idle period, or asked to); `false`
     /// when the engine did not answer (or cannot be probed).
     async fn probe(&mut self) -> Flow<bool> {
-        let Some(endpoint) = self.cfg.replay_endpoint.clone() else {
-            return Ok(false);
-        };
         let from = self.seq.resume_from();
-        match self
-            .cancellable(fetch_replay(&endpoint, from, REPLAY_TIMEOUT))
-            .await?
-        {
-            Ok(replies) => {
-                self.apply_replay(replies).await?;
-                Ok(true)
-            }
-            Err(e) => {
-                tracing::info!(endpoint = %endpoint, start_seq = from, error = %e, "replay probe failed");
-                Ok(false)
-            }
-        }
+        self.replay(from, true).await
     }
 
     async fn on_live(&mut self, msg: ZmqMessage) -> Flow<()> {
@@ -404,9 +401,7 @@ impl Worker {
                     }
                     replayed_once = true;
                     let from = self.seq.resume_from();
-                    if let Some(replies) = self.replay(from).await? {
-                        self.apply_replay(replies).await?;
-                    }
+                    self.replay(from, false).await?;
                 }
                 Live::Reset { last_seq } => {
                     tracing::info!(endpoint = %self.cfg.endpoint, last_seq, got = seq, "engine restarted");
@@ -416,72 +411,58 @@ impl Worker {
                         return self.deliver(seq, &payload, false).await;
                     }
                     replayed_once = true;
-                    if let Some(replies) = self.replay(0).await? {
-                        self.apply_replay(replies).await?;
-                    }
+                    self.replay(0, false).await?;
                 }
             }
         }
     }
 
-    /// Delivers what a replay brought, handling a restart it revealed.
-    async fn apply_replay(&mut self, mut replies: Vec<ReplayedBatch>) -> Flow<()> {
+    /// Replays from `from`, delivering each new batch as it arrives (memory
+    /// stays bounded by the consumer channel, not by the engine's buffer).
+    /// A failed attempt is retried from the last delivered batch, with
+    /// backoff unless it made progress; a restart seen in the reply gives
+    /// `Reset` and one replay from 0. `false` when the engine never answered:
+    /// a `probe` then reports nothing (the caller recreates the SUB),
+    /// otherwise `ReplayFailed` is emitted after the retries.
+    async fn replay(&mut self, from: u64, probe: bool) -> Flow<bool> {
+        let Some(endpoint) = self.cfg.replay_endpoint.clone() else {
+            return Ok(false);
+        };
+        let mut from = from;
+        let mut delay = self.cfg.backoff_initial;
+        let mut attempt = 0;
         let mut reset_done = false;
         loop {
-            match self.seq.plan_replay(&replies) {
-                ReplayPlan::Reset { last_seq, got } if !reset_done => {
+            let (outcome, progressed) = self.replay_once(&endpoint, from).await?;
+            match outcome {
+                Replayed::Complete => return Ok(true),
+                Replayed::Restarted { last_seq, got } if !reset_done => {
                     tracing::info!(endpoint = %self.cfg.endpoint, last_seq, got, "engine restarted (seen in replay)");
                     self.emit(StreamItem::Reset { last_seq, got }).await?;
                     self.seq.reset();
                     reset_done = true;
-                    match self.replay(0).await? {
-                        Some(r) => replies = r,
-                        None => return Ok(()),
-                    }
+                    (from, attempt, delay) = (0, 0, self.cfg.backoff_initial);
                 }
-                ReplayPlan::Reset { .. } => return Ok(()),
-                ReplayPlan::Deliver { indices, lost } => {
-                    if let Some((from, to)) = lost {
-                        let error = format!(
-                            "replay buffer starts at seq {to}; seq {from}..{to} are no longer buffered"
-                        );
-                        tracing::warn!(endpoint = %self.cfg.endpoint, from, to, "replay incomplete");
-                        self.emit(StreamItem::ReplayFailed { from, error }).await?;
-                    }
-                    for i in indices {
-                        let ReplayedBatch { seq, payload } = &replies[i];
-                        self.deliver(*seq, payload, true).await?;
-                    }
-                    return Ok(());
+                Replayed::Restarted { .. } => return Ok(true),
+                Replayed::Truncated => {
+                    tracing::debug!(endpoint = %endpoint, last = ?self.seq.last(), "replay reply skipped batches; asking again");
+                    from = self.seq.resume_from();
                 }
-            }
-        }
-    }
-
-    /// A replay request with bounded retries and exponential backoff;
-    /// `None` (after emitting `ReplayFailed`) when every attempt failed.
-    async fn replay(&mut self, from: u64) -> Flow<Option<Vec<ReplayedBatch>>> {
-        let Some(endpoint) = self.cfg.replay_endpoint.clone() else {
-            return Ok(None);
-        };
-        let mut delay = self.cfg.backoff_initial;
-        let mut attempt = 0;
-        loop {
-            match self
-                .cancellable(fetch_replay(&endpoint, from, REPLAY_TIMEOUT))
-                .await?
-            {
-                Ok(replies) => {
-                    tracing::debug!(endpoint = %endpoint, start_seq = from, n = replies.len(), "replay received");
-                    return Ok(Some(replies));
+                Replayed::Failed(e) if progressed => {
+                    tracing::debug!(endpoint = %endpoint, error = %e, "replay broke off; resuming it");
+                    from = self.seq.resume_from();
                 }
-                Err(e) if attempt >= self.cfg.max_replay_retries => {
+                Replayed::Failed(e) if probe && !reset_done => {
+                    tracing::info!(endpoint = %endpoint, start_seq = from, error = %e, "replay probe failed");
+                    return Ok(false);
+                }
+                Replayed::Failed(e) if attempt >= self.cfg.max_replay_retries => {
                     tracing::warn!(endpoint = %endpoint, start_seq = from, error = %e, "replay failed");
                     let error = e.to_string();
                     self.emit(StreamItem::ReplayFailed { from, error }).await?;
-                    return Ok(None);
+                    return Ok(reset_done);
                 }
-                Err(e) => {
+                Replayed::Failed(e) => {
                     tracing::debug!(endpoint = %endpoint, start_seq = from, attempt, error = %e, "replay attempt failed");
                     self.sleep(delay).await?;
                     delay = (delay * 2).min(self.cfg.backoff_max);
@@ -489,6 +470,59 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// One replay request, its reply delivered as it is read; whether any
+    /// batch was delivered comes with the outcome.
+    async fn replay_once(&mut self, endpoint: &str, from: u64) -> Flow<(Replayed, bool)> {
+        let opened = ReplayStream::open(endpoint, from, REPLAY_TIMEOUT);
+        let mut stream = match self.cancellable(opened).await? {
+            Ok(stream) => stream,
+            Err(e) => return Ok((Replayed::Failed(e), false)),
+        };
+        let mut check = ReplayCheck::default();
+        let mut delivered = 0usize;
+        let outcome = loop {
+            let batch = match self.cancellable(stream.next()).await? {
+                Ok(Some(batch)) => batch,
+                Ok(None) => {
+                    break match self.seq.replay_end(&check) {
+                        Some((last_seq, got)) => Replayed::Restarted { last_seq, got },
+                        None => Replayed::Complete,
+                    };
+                }
+                Err(e) => break Replayed::Failed(e),
+            };
+            match self.seq.replay_step(&mut check, batch.seq, &batch.payload) {
+                ReplayStep::Skip => {}
+                ReplayStep::Restarted { last_seq } => {
+                    break Replayed::Restarted {
+                        last_seq,
+                        got: batch.seq,
+                    };
+                }
+                // Batches missing after some were delivered: a ROUTER at its
+                // high-water mark drops messages (vLLM's replay loop does not
+                // wait for the reader); ask again from the last one delivered.
+                ReplayStep::Deliver { lost: Some(_) } if delivered > 0 => {
+                    break Replayed::Truncated;
+                }
+                ReplayStep::Deliver { lost } => {
+                    if let Some((from, to)) = lost {
+                        let error = format!(
+                            "replay buffer starts at seq {to}; seq {from}..{to} are no longer buffered"
+                        );
+                        tracing::warn!(endpoint = %self.cfg.endpoint, from, to, "replay incomplete");
+                        self.emit(StreamItem::ReplayFailed { from, error }).await?;
+                    }
+                    self.deliver(batch.seq, &batch.payload, true).await?;
+                    delivered += 1;
+                }
+            }
+        };
+        stream.close().await;
+        tracing::debug!(endpoint = %endpoint, start_seq = from, delivered, "replay read");
+        Ok((outcome, delivered > 0))
     }
 
     async fn deliver(&mut self, seq: u64, payload: &Bytes, replayed: bool) -> Flow<()> {
