@@ -21,9 +21,16 @@ pub enum PickOutcome {
         /// The indexer replica that answered (`ip:port`), where the
         /// request's reports go; `None` when it advertised none.
         replica: Option<String>,
+        /// The tenant's `cache_salt`, to add to the body (see [`with_cache_salt`]).
+        cache_salt: Option<String>,
     },
     /// Answer the client with this local reply; nothing goes upstream.
-    Reject { status: u32, body: Vec<u8> },
+    /// `retry_after_s` > 0 adds a `Retry-After` header.
+    Reject {
+        status: u32,
+        body: Vec<u8>,
+        retry_after_s: u32,
+    },
     /// The answer was unusable; forward the request untouched.
     FailOpen(FailOpenReason),
 }
@@ -39,7 +46,11 @@ pub fn decide(answer: &[u8]) -> PickOutcome {
 fn outcome(response: PickResponse) -> PickOutcome {
     if let Some(rejection) = response.rejection {
         return match rejection_reply(&rejection) {
-            Some((status, body)) => PickOutcome::Reject { status, body },
+            Some((status, body)) => PickOutcome::Reject {
+                status,
+                body,
+                retry_after_s: rejection.retry_after_s,
+            },
             None => PickOutcome::FailOpen(FailOpenReason::BadAnswer),
         };
     }
@@ -58,7 +69,34 @@ fn outcome(response: PickResponse) -> PickOutcome {
             .parse::<SocketAddr>()
             .is_ok()
             .then(|| replica.to_owned()),
+        cache_salt: (!response.cache_salt.is_empty()).then_some(response.cache_salt),
     }
+}
+
+/// `body` (a JSON object, as the filter parsed it) with `"cache_salt"` added
+/// as its last key: a JSON parser keeping the last of duplicate keys (as
+/// vLLM's does) then uses this salt whatever the client sent earlier.
+/// `None` when the body does not end like an object.
+pub fn with_cache_salt(body: &[u8], salt: &str) -> Option<Vec<u8>> {
+    let end = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
+    if body[end] != b'}' {
+        return None;
+    }
+    let start = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body[start] != b'{' || start >= end {
+        return None;
+    }
+    let empty = body[start + 1..end].iter().all(u8::is_ascii_whitespace);
+    let value = serde_json::to_string(salt).ok()?;
+    let mut out = Vec::with_capacity(body.len() + value.len() + 16);
+    out.extend_from_slice(&body[..end]);
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(b"\"cache_salt\":");
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(&body[end..]);
+    Some(out)
 }
 
 /// Status and OpenAI error JSON of a local reply; `None` when the status is not
@@ -149,6 +187,7 @@ mod tests {
                 destination: Some("10.0.0.2:8000,10.0.0.1:8000,[::1]:9".into()),
                 replacement_body: None,
                 replica: None,
+                cache_salt: None,
             }
         );
     }
@@ -166,6 +205,7 @@ mod tests {
                 destination: Some("10.0.0.1:80".into()),
                 replacement_body: None,
                 replica: None,
+                cache_salt: None,
             }
         );
         for answer in [endpoints(&[]), endpoints(&["", "host:port"])] {
@@ -175,6 +215,7 @@ mod tests {
                     destination: None,
                     replacement_body: None,
                     replica: None,
+                    cache_salt: None,
                 }
             );
         }
@@ -222,11 +263,17 @@ mod tests {
             status: 429,
             message: "tenant over quota".into(),
             error_type: String::new(),
+            retry_after_s: 7,
         });
-        let PickOutcome::Reject { status, body } = decide(&encode(answer)) else {
+        let PickOutcome::Reject {
+            status,
+            body,
+            retry_after_s,
+        } = decide(&encode(answer))
+        else {
             panic!("expected a rejection");
         };
-        assert_eq!(status, 429);
+        assert_eq!((status, retry_after_s), (429, 7));
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             json,
@@ -253,6 +300,7 @@ mod tests {
                 status,
                 message: message.into(),
                 error_type: error_type.into(),
+                retry_after_s: 0,
             })
             .map(|(s, b)| (s, serde_json::from_slice::<serde_json::Value>(&b).unwrap()))
         };
@@ -268,6 +316,36 @@ mod tests {
         assert_eq!(reply(200, "x", ""), None);
         assert_eq!(reply(0, "x", ""), None);
         assert_eq!(reply(600, "x", ""), None);
+    }
+
+    #[test]
+    fn the_salt_is_added_as_the_last_key() {
+        let mut answer = endpoints(&["127.0.0.1:8001"]);
+        answer.cache_salt = "kvsteer-00ff".into();
+        let PickOutcome::Forward { cache_salt, .. } = decide(&encode(answer)) else {
+            panic!("expected a forward");
+        };
+        assert_eq!(cache_salt.as_deref(), Some("kvsteer-00ff"));
+        let salted = |body: &str| {
+            with_cache_salt(body.as_bytes(), "s\"1").map(|b| String::from_utf8(b).unwrap())
+        };
+        assert_eq!(
+            salted(" {\"model\":\"m\",\"cache_salt\":null}\n").as_deref(),
+            Some(" {\"model\":\"m\",\"cache_salt\":null,\"cache_salt\":\"s\\\"1\"}\n")
+        );
+        assert_eq!(
+            salted("{ }").as_deref(),
+            Some("{ \"cache_salt\":\"s\\\"1\"}")
+        );
+        // The last of duplicate keys wins, as in Python's json.
+        let v: serde_json::Value =
+            serde_json::from_str(&salted("{\"cache_salt\":\"mine\",\"a\":[1,{}]}").unwrap())
+                .unwrap();
+        assert_eq!(v["cache_salt"], "s\"1");
+        assert_eq!(v["a"], json!([1, {}]));
+        for bad in ["", "[1]", "{\"a\":1", "}", " "] {
+            assert_eq!(salted(bad), None, "{bad:?}");
+        }
     }
 
     #[test]
@@ -302,6 +380,7 @@ mod tests {
                 destination: None,
                 replacement_body: None,
                 replica: None,
+                cache_salt: None,
             }
         );
     }

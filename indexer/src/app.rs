@@ -22,6 +22,7 @@ use crate::{
     metrics::Metrics,
     picker::Picker,
     scrape, streams,
+    tenancy::{Tenancy, TenancyMetrics},
     workers::Workers,
 };
 use kvsteer_tokenize::PromptTokenizer;
@@ -47,6 +48,8 @@ pub enum AppError {
     Redis(#[from] RedisSetupError),
     #[error("discovery.kubernetes: {0}")]
     Discovery(#[from] discovery::watch::ClientError),
+    #[error(transparent)]
+    Tenancy(#[from] crate::tenancy::TenancyError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         what: &'static str,
@@ -54,6 +57,9 @@ pub enum AppError {
         source: std::io::Error,
     },
 }
+
+/// How often budget reservations without a report are looked for.
+pub const RESERVATION_SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// How often the Redis backend is pinged, its stats refreshed and workers
 /// whose writes failed are resynced.
@@ -158,6 +164,13 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
     let mut registry = Registry::default();
     let (index, redis) = build_index(&cfg, &mut registry).await?;
     let (picker, workers, index, metrics) = build_picker_on(&cfg, tokenizers, &mut registry, index);
+    let tenancy = Arc::new(Tenancy::new(
+        cfg.tenants.clone(),
+        Some(cfg.index.redis_config().url.as_str()).filter(|u| !u.is_empty()),
+        &cfg.index.redis_config().key_prefix,
+        Duration::from_secs(cfg.scoring.in_flight_ttl_s),
+        TenancyMetrics::new(&mut registry, &cfg.tenants.metrics_allowlist),
+    )?);
     // Redis: `always` writes every worker, `never` none, `auto` those whose
     // write lease this replica holds (fenced in Redis by its replica id).
     let writer = redis
@@ -265,7 +278,20 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
             .map(|ip| SocketAddr::new(ip, grpc_addr.port()).to_string())
             .unwrap_or_default()
     });
+    if tenancy.budgets_enabled() {
+        let (tenancy, mut rx) = (tenancy.clone(), shutdown_rx.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RESERVATION_SWEEP_EVERY);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => tenancy.expire(Instant::now()).await,
+                    _ = stopped(&mut rx) => break,
+                }
+            }
+        }));
+    }
     let service = RouterService::new(picker.clone(), replica.clone())
+        .with_tenancy(tenancy)
         .into_server()
         .max_decoding_message_size(cfg.grpc.max_message_bytes);
     let mut rx = shutdown_rx.clone();

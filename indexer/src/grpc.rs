@@ -16,6 +16,7 @@ use crate::{
     picker::{Mode, Outcome, PickInput, Picker},
     prompt,
     report::{Report, ReportKind},
+    tenancy::{Ending, Refusal, Tenancy},
 };
 use kvsteer_proto::v1::{
     self as pb,
@@ -32,6 +33,29 @@ pub struct RouterService {
     picker: Arc<Picker>,
     /// This replica's advertised address (`PickResponse.replica`).
     replica: String,
+    /// Tenant isolation and budgets; `None`: neither.
+    tenancy: Option<Arc<Tenancy>>,
+}
+
+/// A budget reservation of a pick still being answered: given back (as
+/// never sent) if the handler's future is dropped or returns without
+/// committing.
+struct Reserved {
+    tenancy: Arc<Tenancy>,
+    request_id: String,
+    armed: bool,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (tenancy, id) = (self.tenancy.clone(), std::mem::take(&mut self.request_id));
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move { tenancy.settle(&id, Ending::NotSent).await });
+        }
+    }
 }
 
 /// Counts a pick abandoned unless [`Self::disarm`]ed: when the handler's
@@ -48,7 +72,17 @@ impl RouterService {
     /// `replica`: this replica's gRPC address as the filter's indexer
     /// cluster knows it (empty: none advertised, reports go anywhere).
     pub fn new(picker: Arc<Picker>, replica: String) -> Self {
-        Self { picker, replica }
+        Self {
+            picker,
+            replica,
+            tenancy: None,
+        }
+    }
+
+    /// Enforces tenant isolation and budgets at every pick.
+    pub fn with_tenancy(mut self, tenancy: Arc<Tenancy>) -> Self {
+        self.tenancy = Some(tenancy);
+        self
     }
 
     pub fn into_server(self) -> RouterServer<Self> {
@@ -82,6 +116,21 @@ pub fn pick_response(out: Outcome, replica: &str) -> pb::PickResponse {
         replacement_body: None,
         rejection: None,
         replica: replica.to_owned(),
+        cache_salt: String::new(),
+    }
+}
+
+/// The answer to a refused pick: the filter replies to the client itself.
+pub fn refusal_response(refusal: Refusal, replica: &str) -> pb::PickResponse {
+    pb::PickResponse {
+        rejection: Some(pb::Rejection {
+            status: refusal.status,
+            message: refusal.message,
+            error_type: refusal.error_type.to_owned(),
+            retry_after_s: refusal.retry_after_s,
+        }),
+        replica: replica.to_owned(),
+        ..pb::PickResponse::default()
     }
 }
 
@@ -155,7 +204,20 @@ impl Router for RouterService {
         let deadline = grpc_timeout(request.metadata()).map(|t| Instant::now() + t);
         let abandon = Abandon::new(&self.picker.metrics, deadline);
         let req = request.into_inner();
-        let mut out = self.picker.pick(pick_input(&req), Mode::Deferred).await;
+        let tenancy = self.tenancy.clone();
+        let mut input = pick_input(&req);
+        let mut salt = None;
+        if let Some(t) = &tenancy {
+            if let Err(refusal) = t.check_tenant(&req.tenant) {
+                abandon.disarm();
+                return Ok(Response::new(refusal_response(refusal, &self.replica)));
+            }
+            salt = t.salt(&req.tenant, &req.model, input.cache_salt.as_deref());
+            if salt.is_some() {
+                input.cache_salt.clone_from(&salt);
+            }
+        }
+        let mut out = self.picker.pick(input, Mode::Deferred).await;
         tracing::debug!(
             request_id = %req.request_id,
             client_request_id = %req.client_request_id,
@@ -167,10 +229,48 @@ impl Router for RouterService {
             degraded = out.decision.degraded,
             "pick"
         );
-        // Nothing to commit (no choice): the answer is all there is.
+        // Over budget: refused whether or not a worker was chosen (a
+        // request left to Envoy's fallback would reach a worker too).
+        let mut reserved = None;
+        if let Some(t) = &tenancy {
+            let admitted = t
+                .admit(
+                    &req.request_id,
+                    &req.tenant,
+                    &req.model,
+                    out.decision.prompt_tokens,
+                    req.max_tokens,
+                )
+                .await;
+            if let Err(refusal) = admitted {
+                abandon.disarm();
+                tracing::debug!(request_id = %req.request_id, status = refusal.status, "pick refused by the tenant's budget");
+                return Ok(Response::new(refusal_response(refusal, &self.replica)));
+            }
+            reserved = Some(Reserved {
+                tenancy: t.clone(),
+                request_id: req.request_id.clone(),
+                armed: true,
+            });
+        }
+        let response = |out: Outcome| {
+            let mut r = pick_response(out, &self.replica);
+            r.cache_salt = salt.clone().unwrap_or_default();
+            r
+        };
+        // Nothing to commit (no choice): the answer is all there is. The
+        // request still goes upstream (Envoy's fallback) but no report will
+        // come: it keeps its whole reservation and frees its slot now.
         let Some(placement) = out.placement.take() else {
             abandon.disarm();
-            return Ok(Response::new(pick_response(out, &self.replica)));
+            if let Some(mut r) = reserved {
+                r.armed = false;
+                let used_tokens = None;
+                r.tenancy
+                    .settle(&r.request_id, Ending::Done { used_tokens })
+                    .await;
+            }
+            return Ok(Response::new(response(out)));
         };
         if !abandon.expired() {
             // Where a reset stream (the caller gone) drops this future.
@@ -183,8 +283,11 @@ impl Router for RouterService {
             ));
         }
         abandon.disarm();
+        if let Some(mut r) = reserved {
+            r.armed = false;
+        }
         self.picker.commit(placement);
-        Ok(Response::new(pick_response(out, &self.replica)))
+        Ok(Response::new(response(out)))
     }
 
     async fn report(
@@ -218,6 +321,20 @@ impl Router for RouterService {
             },
         };
         self.picker.report(&report, Instant::now());
+        if let Some(t) = &self.tenancy {
+            let used_tokens = r
+                .usage
+                .map(|u| u64::from(u.prompt_tokens) + u64::from(u.completion_tokens))
+                .filter(|&n| n > 0);
+            match kind {
+                ReportKind::FirstToken => {}
+                ReportKind::Done => t.settle(&r.request_id, Ending::Done { used_tokens }).await,
+                ReportKind::Cancelled => {
+                    t.settle(&r.request_id, Ending::Cancelled { used_tokens })
+                        .await;
+                }
+            }
+        }
         Ok(Response::new(pb::ReportResponse {}))
     }
 }

@@ -28,4 +28,5 @@ pub mod routes;
 pub mod scoring;
 pub mod scrape;
 pub mod streams;
+pub mod tenancy;
 pub mod workers;

@@ -74,6 +74,7 @@ fn run() -> Run {
                         ignore_eos: true,
                         arrival: t,
                         lora: None,
+                        cache_salt: None,
                     })
                     .unwrap();
                 busy_until[e].get_or_insert(t);

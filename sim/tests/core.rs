@@ -23,6 +23,7 @@ fn request(id: u64, prompt: Vec<u32>, max_tokens: usize, arrival: f64) -> SimReq
         ignore_eos: true,
         arrival,
         lora: None,
+        cache_salt: None,
     }
 }
 

@@ -592,3 +592,64 @@ async fn responses_arrive_only_after_their_steps_have_run() {
     }
     h.server.shutdown().await;
 }
+
+/// vLLM's `cache_salt`: blocks computed under one salt are a hit only for
+/// the same salt; the first stored block carries the salt in its extra keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_salt_keeps_prefixes_apart() {
+    let mut h = Harness::start(config(4096, 8192)).await;
+    let system = long_system_prompt();
+    let salted = |salt: Option<&str>, user: &str| {
+        let mut body: Value = serde_json::from_str(&chat_body(&system, user, 4)).unwrap();
+        if let Some(salt) = salt {
+            body["cache_salt"] = json!(salt);
+        }
+        body.to_string()
+    };
+    let cached = |v: &Value| {
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+
+    let (status, a1) = h
+        .post("/v1/chat/completions", &salted(Some("tenant-a"), "q1"))
+        .await;
+    assert_eq!((status, cached(&a1)), (200, 0), "{a1}");
+    let first = h.until(|e| matches!(e, KvEvent::BlockStored(_))).await;
+    let stored_first = first
+        .iter()
+        .flat_map(|(_, e)| e)
+        .find_map(|e| match e {
+            KvEvent::BlockStored(s) if s.parent_block_hash.is_none() => Some(s.clone()),
+            _ => None,
+        })
+        .expect("the first block stored");
+    let keys = stored_first.extra_keys.expect("extra keys");
+    assert_eq!(
+        keys[0],
+        Some(vec![kvsteer_kv_events::ExtraKey::from("tenant-a")])
+    );
+    assert!(keys[1..].iter().all(Option::is_none), "{keys:?}");
+    h.drain().await;
+
+    // Another tenant's salt, and no salt: nothing cached.
+    let (_, b1) = h
+        .post("/v1/chat/completions", &salted(Some("tenant-b"), "q1"))
+        .await;
+    assert_eq!(cached(&b1), 0, "{b1}");
+    let (_, plain) = h.post("/v1/chat/completions", &salted(None, "q1")).await;
+    assert_eq!(cached(&plain), 0, "{plain}");
+    // The same salt hits its own prefix.
+    let (_, a2) = h
+        .post("/v1/chat/completions", &salted(Some("tenant-a"), "q2"))
+        .await;
+    assert!(cached(&a2) > 1000, "{a2}");
+    // vLLM refuses an empty or non-string salt.
+    for bad in [json!(""), json!(5)] {
+        let mut body: Value = serde_json::from_str(&salted(None, "q")).unwrap();
+        body["cache_salt"] = bad;
+        let (status, err) = h.post("/v1/chat/completions", &body.to_string()).await;
+        assert_eq!(status, 400, "{err}");
+    }
+}

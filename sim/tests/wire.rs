@@ -33,6 +33,7 @@ fn block_stored_matches_vllm_033() {
         let ev = &json["events"][0];
         let event = CacheEvent::Stored {
             lora: None,
+            cache_salt: None,
             block_hashes: ev["block_hashes"]
                 .as_array()
                 .unwrap()

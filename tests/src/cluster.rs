@@ -43,6 +43,10 @@ pub struct ClusterOptions {
     /// above), each in Envoy's indexer cluster, each on its own memory
     /// index fed by every worker's events.
     pub extra_indexers: usize,
+    /// Extra YAML appended to the indexer's `tenants:` section.
+    pub tenants_extra: String,
+    /// Environment of the indexer processes, beyond `RUST_LOG`.
+    pub indexer_env: Vec<(String, String)>,
 }
 
 impl ClusterOptions {
@@ -51,6 +55,8 @@ impl ClusterOptions {
             sims: vec![sim; 3],
             scoring_extra: String::new(),
             extra_indexers: 0,
+            tenants_extra: String::new(),
+            indexer_env: Vec::new(),
         }
     }
 }
@@ -203,6 +209,7 @@ impl Cluster {
         let mut cmd = Command::new(self.paths.indexer());
         cmd.current_dir(&self.paths.root)
             .env("RUST_LOG", "info")
+            .envs(self.opts.indexer_env.iter().map(|(k, v)| (k, v)))
             .arg("serve")
             .arg("--config")
             .arg(&path);
@@ -227,6 +234,16 @@ impl Cluster {
             config = config.replace(
                 "scoring:\n",
                 &format!("scoring:\n{}\n", self.opts.scoring_extra),
+            );
+        }
+        if !self.opts.tenants_extra.is_empty() {
+            anyhow::ensure!(
+                config.contains("tenants:\n"),
+                "indexer.yaml: no tenants section"
+            );
+            config = config.replace(
+                "tenants:\n",
+                &format!("tenants:\n{}\n", self.opts.tenants_extra.trim_end()),
             );
         }
         if r > 0 {

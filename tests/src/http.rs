@@ -10,6 +10,8 @@ pub struct ChatReply {
     pub status: u16,
     /// `x-kvsteer-worker`: which simulated worker served it.
     pub worker: Option<String>,
+    /// `retry-after` of the response, when it has one.
+    pub retry_after: Option<String>,
     /// The raw response body, byte for byte.
     pub body: Vec<u8>,
     /// `usage` of the response (the final SSE chunk's, for streams).
@@ -91,6 +93,11 @@ pub async fn send_raw(
         .get("x-kvsteer-worker")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let mut ttft = None;
     let mut body = Vec::new();
     let mut stream = resp.bytes_stream();
@@ -105,6 +112,7 @@ pub async fn send_raw(
     Ok(ChatReply {
         status,
         worker,
+        retry_after,
         body,
         usage,
         ttft: ttft.unwrap_or_else(|| start.elapsed()),

@@ -230,8 +230,16 @@ impl KvsteerHttp {
         }
         let answer = calls::buffer(BufferType::GrpcReceiveBuffer, 0, size).unwrap_or_default();
         let end = match pick::decide(&answer) {
-            PickOutcome::Reject { status, body } => {
-                let headers = vec![("content-type", "application/json")];
+            PickOutcome::Reject {
+                status,
+                body,
+                retry_after_s,
+            } => {
+                let retry_after = retry_after_s.to_string();
+                let mut headers = vec![("content-type", "application/json")];
+                if retry_after_s > 0 {
+                    headers.push(("retry-after", retry_after.as_str()));
+                }
                 match hostcalls::send_http_response(status, headers, Some(&body)) {
                     Ok(()) => {
                         self.phase = Phase::Idle;
@@ -254,9 +262,23 @@ impl KvsteerHttp {
                 destination,
                 replacement_body,
                 replica,
+                cache_salt,
             } => {
                 self.replica = replica.unwrap_or_default();
-                if let Some(body) = replacement_body {
+                let salted = match (&replacement_body, cache_salt) {
+                    (None, Some(salt)) => {
+                        let body = calls::buffer(BufferType::HttpRequestBody, 0, body_len)
+                            .and_then(|body| pick::with_cache_salt(&body, &salt));
+                        if body.is_none() {
+                            // Unsalted, the prompt could share another
+                            // tenant's blocks: refuse rather than leak.
+                            return self.refuse_unsalted();
+                        }
+                        body
+                    }
+                    _ => None,
+                };
+                if let Some(body) = replacement_body.or(salted) {
                     self.replace_body(body_len, &body);
                 }
                 match destination {
@@ -284,6 +306,29 @@ impl KvsteerHttp {
         let report = self.tracker.pick_answered(end);
         self.queue(report);
         self.resume();
+    }
+
+    /// The tenant's cache salt could not be added to the body: a 500, and
+    /// the indexer's pick is cancelled.
+    fn refuse_unsalted(&mut self) {
+        log::warn!("kvsteer-filter: cannot add the tenant's cache_salt to the body");
+        let report = self.tracker.pick_answered(PickEnd::Abandoned);
+        self.queue(report);
+        let (status, body) = pick::rejection_reply(&kvsteer_proto::v1::Rejection {
+            status: 500,
+            message: "the request could not be isolated for its tenant".into(),
+            ..Default::default()
+        })
+        .unwrap_or((500, Vec::new()));
+        let headers = vec![("content-type", "application/json")];
+        match hostcalls::send_http_response(status, headers, Some(&body)) {
+            Ok(()) => self.phase = Phase::Idle,
+            Err(status) => {
+                log::warn!("kvsteer-filter: local reply failed: {status:?}");
+                self.fail_open(FailOpenReason::HostError);
+                self.resume();
+            }
+        }
     }
 
     fn replace_body(&mut self, old_len: usize, body: &[u8]) {

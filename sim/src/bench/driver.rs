@@ -267,6 +267,7 @@ impl Sim<'_> {
             ignore_eos: true,
             arrival: now,
             lora: None,
+            cache_salt: None,
         });
         self.records.push(RequestRecord {
             tenant,

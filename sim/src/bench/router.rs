@@ -313,6 +313,7 @@ mod tests {
                 ignore_eos: true,
                 arrival: 0.0,
                 lora: None,
+                cache_salt: None,
             })
             .unwrap();
         let (mut t, mut out) = (0.0, Vec::new());

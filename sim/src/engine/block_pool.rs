@@ -104,8 +104,9 @@ impl BlockPool {
         parent: Option<u64>,
         tokens: &[u32],
         block_size: usize,
-        lora: Option<&Lora>,
+        extras: BlockExtras<'_>,
     ) {
+        let BlockExtras { lora, cache_salt } = extras;
         debug_assert_eq!(blocks.len(), hashes.len());
         let mut run_start = 0;
         let flush = |events: &mut Vec<CacheEvent>, from: usize, to: usize| {
@@ -119,6 +120,10 @@ impl BlockPool {
                     },
                     token_ids: tokens[from * block_size..to * block_size].to_vec(),
                     lora: lora.cloned(),
+                    // Only the request's first block carries the salt.
+                    cache_salt: cache_salt
+                        .filter(|_| from == 0 && parent.is_none())
+                        .map(str::to_owned),
                 });
             }
         };
@@ -155,6 +160,14 @@ impl BlockPool {
     }
 }
 
+/// What keys a request's blocks besides their tokens (vLLM's extra keys).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct BlockExtras<'a> {
+    pub(crate) lora: Option<&'a Lora>,
+    /// The request's `cache_salt` (its first block only).
+    pub(crate) cache_salt: Option<&'a str>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,7 +178,7 @@ mod tests {
         let a = pool.allocate().unwrap();
         let b = pool.allocate().unwrap();
         assert_eq!(pool.allocate(), None);
-        pool.cache_full(&[a, b], &[10, 11], None, &[0; 8], 4, None);
+        pool.cache_full(&[a, b], &[10, 11], None, &[0; 8], 4, BlockExtras::default());
         assert!(
             matches!(&pool.take_events()[..], [CacheEvent::Stored { block_hashes, .. }] if block_hashes == &[10, 11])
         );
@@ -197,7 +210,7 @@ mod tests {
     fn duplicate_hash_is_not_announced_twice() {
         let mut pool = BlockPool::new(4);
         let blocks: Vec<_> = (0..4).map(|_| pool.allocate().unwrap()).collect();
-        pool.cache_full(&blocks[..1], &[5], None, &[1, 1], 2, None);
+        pool.cache_full(&blocks[..1], &[5], None, &[1, 1], 2, BlockExtras::default());
         pool.take_events();
         pool.cache_full(
             &blocks[1..4],
@@ -205,7 +218,7 @@ mod tests {
             Some(4),
             &[1, 2, 3, 4, 5, 6],
             2,
-            None,
+            BlockExtras::default(),
         );
         assert_eq!(
             pool.take_events(),
@@ -215,12 +228,14 @@ mod tests {
                     parent_block_hash: Some(4),
                     token_ids: vec![1, 2],
                     lora: None,
+                    cache_salt: None,
                 },
                 CacheEvent::Stored {
                     block_hashes: vec![7],
                     parent_block_hash: Some(5),
                     token_ids: vec![5, 6],
                     lora: None,
+                    cache_salt: None,
                 },
             ]
         );

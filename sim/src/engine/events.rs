@@ -20,6 +20,9 @@ pub enum CacheEvent {
         token_ids: Vec<u32>,
         /// The adapter the blocks were computed with.
         lora: Option<Lora>,
+        /// The request's `cache_salt` when the first block is the request's
+        /// first (vLLM adds it to that block's extra keys only).
+        cache_salt: Option<String>,
     },
     /// Cached blocks were evicted (one event per block, like vLLM).
     Removed { block_hashes: Vec<u64> },
@@ -38,6 +41,7 @@ impl CacheEvent {
                 parent_block_hash,
                 token_ids,
                 lora,
+                cache_salt,
             } => KvEvent::BlockStored(BlockStored {
                 block_hashes: block_hashes.iter().map(|&h| BlockHash::U64(h)).collect(),
                 parent_block_hash: parent_block_hash.map(BlockHash::U64),
@@ -45,15 +49,26 @@ impl CacheEvent {
                 block_size: block_size as u32,
                 // vLLM 0.32 (`block_pool.py`): `lora_id` is the adapter's
                 // `adapter_id`, `lora_name` its name, and each block's extra
-                // keys start with the name.
+                // keys start with the name; `cache_salt` ends the first
+                // block's (`_gen_mm_extra_hash_keys`, then the salt at
+                // `start_token_idx == 0`).
                 lora_id: lora.as_ref().map(|l| l.id),
                 medium: Some(MEDIUM_GPU.to_owned()),
                 lora_name: lora.as_ref().map(|l| l.name.clone()),
-                extra_keys: Some(vec![
-                    lora.as_ref()
-                        .map(|l| vec![ExtraKey::from(l.name.as_str())]);
-                    block_hashes.len()
-                ]),
+                extra_keys: Some(
+                    (0..block_hashes.len())
+                        .map(|i| {
+                            let mut keys: Vec<ExtraKey> = lora
+                                .iter()
+                                .map(|l| ExtraKey::from(l.name.as_str()))
+                                .collect();
+                            if i == 0 {
+                                keys.extend(cache_salt.as_deref().map(ExtraKey::from));
+                            }
+                            (!keys.is_empty()).then_some(keys)
+                        })
+                        .collect(),
+                ),
                 group_idx: Some(0),
                 kv_cache_spec_kind: Some("full_attention".to_owned()),
                 ..BlockStored::default()
@@ -92,6 +107,7 @@ mod tests {
             block_hashes: vec![1, 2],
             parent_block_hash: None,
             token_ids: (0..32).collect(),
+            cache_salt: None,
         };
         let KvEvent::BlockStored(s) = ev.to_kv_event(16) else {
             panic!("not stored")
@@ -102,12 +118,35 @@ mod tests {
     }
 
     #[test]
+    fn the_salt_ends_the_first_blocks_extra_keys_only() {
+        let ev = CacheEvent::Stored {
+            lora: Some(Lora {
+                id: 1,
+                name: "sql".into(),
+            }),
+            block_hashes: vec![1, 2],
+            parent_block_hash: None,
+            token_ids: (0..32).collect(),
+            cache_salt: Some("s3cret".into()),
+        };
+        let KvEvent::BlockStored(s) = ev.to_kv_event(16) else {
+            panic!("not stored")
+        };
+        let (sql, salt) = (ExtraKey::from("sql"), ExtraKey::from("s3cret"));
+        assert_eq!(
+            s.extra_keys,
+            Some(vec![Some(vec![sql.clone(), salt]), Some(vec![sql])])
+        );
+    }
+
+    #[test]
     fn stored_like_vllm_033() {
         let ev = CacheEvent::Stored {
             lora: None,
             block_hashes: vec![1, 2],
             parent_block_hash: Some(7),
             token_ids: (0..32).collect(),
+            cache_salt: None,
         };
         let KvEvent::BlockStored(s) = ev.to_kv_event(16) else {
             panic!("not stored")

@@ -30,6 +30,17 @@ impl BlockHasher {
         Self::new(seed)
     }
 
+    /// The hasher of a request with vLLM's `cache_salt`: the salt keys the
+    /// first block (vLLM puts it in the first block's extra keys only), and
+    /// through the chain every later one.
+    pub(crate) fn salted(&self, salt: &str) -> Self {
+        let root = xxh3_64_with_seed(salt.as_bytes(), self.root ^ 0x7361_6c74);
+        Self {
+            seed: self.seed,
+            root,
+        }
+    }
+
     /// The hash of the block holding `tokens` after the block `parent`
     /// (`None` for the first block of a sequence).
     pub(crate) fn hash(&self, parent: Option<u64>, tokens: &[u32]) -> u64 {
@@ -84,5 +95,23 @@ mod tests {
         // Large blocks take the allocation path.
         let big: Vec<u32> = (0..128).collect();
         assert_ne!(a.hash(None, &big), a.hash(None, &big[..127]));
+    }
+
+    #[test]
+    fn a_salt_keys_every_block_through_the_first() {
+        let a = BlockHasher::new(1);
+        let toks: Vec<u32> = (0..32).collect();
+        let (mut plain, mut s1, mut s1_again, mut s2) = (vec![], vec![], vec![], vec![]);
+        a.extend(&mut plain, &toks, 16);
+        a.salted("t1").extend(&mut s1, &toks, 16);
+        a.salted("t1").extend(&mut s1_again, &toks, 16);
+        a.salted("t2").extend(&mut s2, &toks, 16);
+        assert_eq!(s1, s1_again);
+        for i in 0..2 {
+            assert_ne!(s1[i], plain[i]);
+            assert_ne!(s1[i], s2[i]);
+        }
+        // Only the root differs: later blocks chain as usual.
+        assert_eq!(s1[1], a.hash(Some(s1[0]), &toks[16..32]));
     }
 }

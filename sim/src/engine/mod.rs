@@ -124,6 +124,10 @@ impl Engine {
             Some(lora) => self.hasher.for_lora(&lora.name),
             None => self.hasher,
         };
+        let hasher = match req.cache_salt.as_deref() {
+            Some(salt) if !salt.is_empty() => hasher.salted(salt),
+            _ => hasher,
+        };
         hasher.extend(
             &mut block_hashes,
             &req.prompt_token_ids,
@@ -148,6 +152,7 @@ impl Engine {
             filler_offset,
             hasher,
             lora: req.lora,
+            cache_salt: req.cache_salt.filter(|s| !s.is_empty()),
         };
         let slot = match self.free_slots.pop() {
             Some(slot) => {

@@ -19,6 +19,9 @@ pub struct SimRequest {
     pub arrival: f64,
     /// The LoRA adapter the request runs with (`None`: the base model).
     pub lora: Option<Lora>,
+    /// vLLM's `cache_salt`: keys the request's first block (so all of its
+    /// blocks) apart from other salts' and from unsalted ones.
+    pub cache_salt: Option<String>,
 }
 
 /// A LoRA adapter as vLLM names it in its KV events: `lora_id` is the
@@ -119,6 +122,7 @@ pub(crate) struct ReqState {
     /// Hashes this request's blocks (keyed by its adapter, if any).
     pub(crate) hasher: super::hash::BlockHasher,
     pub(crate) lora: Option<Lora>,
+    pub(crate) cache_salt: Option<String>,
 }
 
 // === impl ReqState ===

@@ -3,7 +3,7 @@
 //! advance computed tokens, sample, finish.
 
 use super::Engine;
-use super::block_pool::BlockId;
+use super::block_pool::{BlockExtras, BlockId};
 use super::events::CacheEvent;
 use super::request::{FinishReason, RequestId, RequestStatus, Usage};
 use crate::profile::StepShape;
@@ -190,7 +190,10 @@ impl Engine {
                 parent,
                 &req.token_ids[from * bs..full * bs],
                 bs,
-                req.lora.as_ref(),
+                BlockExtras {
+                    lora: req.lora.as_ref(),
+                    cache_salt: req.cache_salt.as_deref(),
+                },
             );
             req.num_cached_blocks = full;
         }

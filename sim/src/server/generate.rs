@@ -114,6 +114,7 @@ async fn generate(state: Shared, api: Api, body: Bytes) -> Result<Response, ApiE
                 ignore_eos: params.ignore_eos,
                 arrival: 0.0,
                 lora,
+                cache_salt: params.cache_salt.clone(),
             },
             stream: stream_tx,
             reply: reply_tx,

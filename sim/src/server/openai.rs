@@ -26,6 +26,9 @@ pub struct SamplingParams {
     /// vLLM's `return_token_ids` (≥ 0.10.2): generated token ids on every
     /// chunk's choice (`token_ids`), and the prompt's in a whole response.
     pub return_token_ids: bool,
+    /// vLLM's `cache_salt` (≥ 0.9): blocks computed with one salt are never
+    /// a prefix hit for another salt or for none.
+    pub cache_salt: Option<String>,
 }
 
 /// vLLM's `max_tokens` default for `/v1/completions`.
@@ -88,7 +91,19 @@ impl SamplingParams {
             stream,
             include_usage,
             return_token_ids: boolean(obj, "return_token_ids")?.unwrap_or(false),
+            cache_salt: cache_salt(obj)?,
         })
+    }
+}
+
+/// vLLM's check: `cache_salt`, when given, is a non-empty string.
+fn cache_salt(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+    match obj.get("cache_salt") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::bad_request(
+            "Parameter 'cache_salt' must be a non-empty string if provided.",
+        )),
     }
 }
 

@@ -163,6 +163,11 @@ pub struct PickResponse {
     /// indexer cluster): the replica holding the pick's ledger entry.
     #[prost(string, tag = "5")]
     pub replica: ::prost::alloc::string::String,
+    /// When set, the filter adds `"cache_salt": <this>` to the forwarded body
+    /// (as its last key, so it wins over any earlier one): the tenant's cache
+    /// isolation. Set only when the request carried no salt of its own.
+    #[prost(string, tag = "6")]
+    pub cache_salt: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Decision {
@@ -196,6 +201,9 @@ pub struct Rejection {
     /// OpenAI error "type", e.g. "rate_limit_error".
     #[prost(string, tag = "3")]
     pub error_type: ::prost::alloc::string::String,
+    /// Seconds for a `Retry-After` header on the reply; 0: none.
+    #[prost(uint32, tag = "4")]
+    pub retry_after_s: u32,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ReportRequest {
