@@ -156,7 +156,8 @@ wait_http() {
 # start_local_layout PROFILE TIME_SCALE [roundrobin]: three simulated workers,
 # the indexer and Envoy with kvsteer (and, with "roundrobin", the plain
 # round-robin Envoy on 127.0.0.1:8081 as well). Logs go to .demo/.
-# KVSTEER_SIM_ARGS: extra arguments for each `kvsteer-sim engine`.
+# KVSTEER_SIM_ARGS: extra arguments for each `kvsteer-sim engine`;
+# KVSTEER_INDEXER_CONFIG / KVSTEER_ENVOY_CONFIG: other configs than envoy/local's.
 start_local_layout() {
   local profile=$1 scale=$2 extra=${3:-} i
   ensure_apt curl:curl
@@ -174,13 +175,13 @@ start_local_layout() {
   for i in 1 2 3; do wait_http "http://127.0.0.1:800$i/health" "worker w$i"; done
 
   log "starting the indexer (gRPC 127.0.0.1:9090, admin 127.0.0.1:9091)"
-  RUST_LOG=${RUST_LOG:-info} "$KVSTEER_BIN/kvsteer-indexer" serve --config envoy/local/indexer.yaml \
+  RUST_LOG=${RUST_LOG:-info} "$KVSTEER_BIN/kvsteer-indexer" serve --config "${KVSTEER_INDEXER_CONFIG:-envoy/local/indexer.yaml}" \
     >"$KVSTEER_RUN/indexer.log" 2>&1 &
   KVSTEER_PIDS+=($!)
   wait_http http://127.0.0.1:9091/readyz "the indexer"
 
   log "starting Envoy with the kvsteer filter (127.0.0.1:8080)"
-  .venv/bin/envoy -c envoy/local/envoy.yaml --disable-hot-restart --log-level warn \
+  .venv/bin/envoy -c "${KVSTEER_ENVOY_CONFIG:-envoy/local/envoy.yaml}" --disable-hot-restart --log-level warn \
     >"$KVSTEER_RUN/envoy.log" 2>&1 &
   KVSTEER_PIDS+=($!)
   wait_http http://127.0.0.1:9901/ready "Envoy"

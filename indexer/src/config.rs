@@ -882,6 +882,39 @@ workers:
     }
 
     #[test]
+    fn tenant_budgets_are_checked() {
+        let tenants = |body: &str| err(&format!("{MINIMAL}tenants:\n{body}"));
+        let e = tenants("  overrides:\n    team-b: {budget: {tokens_per_minute: -5}}\n");
+        assert!(
+            e.contains("invalid YAML") && e.contains("tokens_per_minute"),
+            "{e}"
+        );
+        let e = tenants("  overrides:\n    team-b: {budget: {}}\n");
+        assert!(
+            e.contains("tenants.overrides[\"team-b\"].budget") && e.contains("sets no limit"),
+            "{e}"
+        );
+        let e = tenants("  default: {budget: {requests_per_minute: 0}}\n");
+        assert!(
+            e.contains("tenants.default.budget: requests_per_minute"),
+            "{e}"
+        );
+        let e = tenants("  default: {models: {nope: {budget: {max_concurrent: 1}}}}\n");
+        assert!(
+            e.contains("tenants.default.models") && e.contains("\"nope\""),
+            "{e}"
+        );
+        let e = tenants("  default: {isolation: private}\n");
+        assert!(e.contains("isolation"), "{e}");
+        let e = tenants("  budget_store: {backend: redis, on_error: retry}\n");
+        assert!(e.contains("on_error"), "{e}");
+        let ok = Config::from_yaml(&format!(
+            "{MINIMAL}tenants:\n  default: {{models: {{m: {{isolation: salted, budget: {{max_concurrent: 3}}}}}}}}\n"
+        ));
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+
+    #[test]
     fn minimal_gets_defaults() {
         let cfg = Config::from_yaml(MINIMAL).unwrap();
         assert_eq!(cfg.grpc_listen, DEFAULT_GRPC_LISTEN);

@@ -127,6 +127,39 @@ pub struct Index {
 struct Inner {
     backend: Arc<dyn IndexBackend>,
     workers: RwLock<HashMap<WorkerId, Arc<WorkerHandle>>>,
+    /// Failed applies come in bursts (Redis down, a lease lost: every
+    /// batch of every worker fails): one warning per interval, with a count.
+    apply_warnings: LogEvery,
+}
+
+/// Lets one log line through per `every`, counting the ones held back.
+struct LogEvery {
+    every: std::time::Duration,
+    last: parking_lot::Mutex<Option<std::time::Instant>>,
+    held: std::sync::atomic::AtomicU64,
+}
+
+impl LogEvery {
+    fn new(every: std::time::Duration) -> Self {
+        Self {
+            every,
+            last: parking_lot::Mutex::new(None),
+            held: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(held back since the last one)` when a line may go out now.
+    fn allow(&self) -> Option<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = std::time::Instant::now();
+        let mut last = self.last.lock();
+        if last.is_some_and(|t| now.duration_since(t) < self.every) {
+            self.held.fetch_add(1, Relaxed);
+            return None;
+        }
+        *last = Some(now);
+        Some(self.held.swap(0, Relaxed))
+    }
 }
 
 /// A worker's ingest state. The async mutex keeps one worker's batches in
@@ -151,6 +184,7 @@ impl Index {
             inner: Arc::new(Inner {
                 backend,
                 workers: RwLock::new(HashMap::new()),
+                apply_warnings: LogEvery::new(std::time::Duration::from_secs(5)),
             }),
         }
     }
@@ -198,7 +232,9 @@ impl Index {
         }
         let mut stats = state.apply(batch, &mut ops);
         if let Err(error) = self.inner.backend.apply(worker, &ops).await {
-            tracing::warn!(worker, %error, ops = ops.len(), "index backend failed to apply events");
+            if let Some(held_back) = self.inner.apply_warnings.allow() {
+                tracing::warn!(worker, %error, ops = ops.len(), held_back, "index backend failed to apply events (one line per 5 s; `held_back` others since the last)");
+            }
             stats.backend_errors += ops.len() as u64;
         }
         stats
@@ -299,5 +335,22 @@ impl Index {
             total += handle.state.lock().await.heap_bytes();
         }
         total
+    }
+}
+
+#[cfg(test)]
+mod log_every_tests {
+    use super::LogEvery;
+
+    #[test]
+    fn one_line_per_interval_with_the_count_held_back() {
+        let l = LogEvery::new(std::time::Duration::from_secs(3600));
+        assert_eq!(l.allow(), Some(0));
+        for _ in 0..5 {
+            assert_eq!(l.allow(), None);
+        }
+        let l0 = LogEvery::new(std::time::Duration::ZERO);
+        assert_eq!((l0.allow(), l0.allow()), (Some(0), Some(0)));
+        assert_eq!(l.held.load(std::sync::atomic::Ordering::Relaxed), 5);
     }
 }

@@ -151,10 +151,10 @@ impl Tenancy {
             BudgetBackend::Memory => None,
             BudgetBackend::Redis => {
                 let s = &cfg.budget_store;
-                let url = if s.redis_url.is_empty() {
+                let url = if s.url.is_empty() {
                     redis_url.unwrap_or("redis://127.0.0.1:6379")
                 } else {
-                    &s.redis_url
+                    &s.url
                 };
                 let prefix = if s.key_prefix.is_empty() {
                     redis_prefix

@@ -84,7 +84,7 @@ return math.floor(tok)
 pub struct BudgetStoreConfig {
     pub backend: BudgetBackend,
     /// Redis URL; empty: the index's (`index.redis.url`).
-    pub redis_url: String,
+    pub url: String,
     /// First component of every key; empty: the index's key prefix.
     pub key_prefix: String,
     /// Bound on each script call.
@@ -117,7 +117,7 @@ impl Default for BudgetStoreConfig {
     fn default() -> Self {
         Self {
             backend: BudgetBackend::Memory,
-            redis_url: String::new(),
+            url: String::new(),
             key_prefix: String::new(),
             timeout_ms: 50,
             on_error: OnStoreError::FailOpen,
