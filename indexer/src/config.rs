@@ -43,7 +43,12 @@ pub const DEFAULT_TENANT_HEADER: &str = "x-tenant-id";
 pub const DEFAULT_SCRAPE_INTERVAL_MS: u64 = 1_000;
 pub const DEFAULT_SCRAPE_TIMEOUT_MS: u64 = 500;
 pub const DEFAULT_SCRAPE_DOWN_AFTER: u32 = 3;
-pub const DEFAULT_EVENT_CHANNEL: usize = 1_024;
+/// Decoded batches queued per worker. A replay (up to vLLM's 10,000
+/// buffered batches, read as fast as the index applies them) keeps this
+/// queue full: at ~7 KB a decoded batch, 1,024 held ~7 MB per worker, and
+/// three workers replaying at once after a Redis restart lifted the RSS by
+/// 20+ MB. Live traffic needs little: a step publishes one batch.
+pub const DEFAULT_EVENT_CHANNEL: usize = 128;
 pub const DEFAULT_MAX_REPLAY_RETRIES: u32 = 3;
 pub const DEFAULT_BACKOFF_INITIAL_MS: u64 = 100;
 pub const DEFAULT_BACKOFF_MAX_MS: u64 = 5_000;
