@@ -92,6 +92,11 @@ fn main() {
         );
     }
 
+    // Redis needs the IO and time drivers.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     budgets(&picker, &index, &tok, &rt, &mut rng);
 }
 
@@ -104,6 +109,7 @@ fn budgets(
     rng: &mut SmallRng,
 ) {
     const N: usize = 2_000;
+    let _runtime = rt.enter();
     let redis = rt.block_on(RedisServer::start()).ok();
     let tenancy = |store: &str| {
         let yaml = format!(
