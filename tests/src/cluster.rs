@@ -43,6 +43,9 @@ pub struct ClusterOptions {
     /// above), each in Envoy's indexer cluster, each on its own memory
     /// index fed by every worker's events.
     pub extra_indexers: usize,
+    /// An Envoy bootstrap to run instead of `envoy/local/envoy.yaml` (same
+    /// ports, workers and indexer).
+    pub envoy_config: Option<std::path::PathBuf>,
 }
 
 impl ClusterOptions {
@@ -51,6 +54,7 @@ impl ClusterOptions {
             sims: vec![sim; 3],
             scoring_extra: String::new(),
             extra_indexers: 0,
+            envoy_config: None,
         }
     }
 }
@@ -247,7 +251,11 @@ impl Cluster {
     }
 
     async fn start_envoy(&mut self) -> anyhow::Result<()> {
-        let mut config = self.paths.root.join("envoy/local/envoy.yaml");
+        let mut config = self
+            .opts
+            .envoy_config
+            .clone()
+            .unwrap_or_else(|| self.paths.root.join("envoy/local/envoy.yaml"));
         if self.opts.extra_indexers > 0 {
             // The replicas join the first indexer's endpoint in the cluster.
             let text = std::fs::read_to_string(&config)?;
