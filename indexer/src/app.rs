@@ -47,6 +47,8 @@ pub enum AppError {
     Redis(#[from] RedisSetupError),
     #[error("discovery.kubernetes: {0}")]
     Discovery(#[from] discovery::watch::ClientError),
+    #[error(transparent)]
+    DebugToken(#[from] admin::DebugTokenError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         what: &'static str,
@@ -179,6 +181,10 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         }
         _ => None,
     };
+    let debug = admin::DebugGate::from_config(
+        &cfg.admin,
+        std::env::var(crate::config::ADMIN_TOKEN_ENV).ok(),
+    )?;
     let (shutdown, shutdown_rx) = watch::channel(false);
 
     let grpc = listen("grpc", &cfg.grpc_listen).await?;
@@ -298,6 +304,7 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         },
         leases: leases.clone(),
         discovery,
+        debug,
     };
     let mut rx = shutdown_rx.clone();
     tasks.push(tokio::spawn(async move {

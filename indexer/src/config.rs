@@ -82,6 +82,9 @@ pub struct Config {
     pub streams: StreamsConfig,
     pub grpc: GrpcConfig,
     pub tokenize: TokenizeConfig,
+    /// Access to the admin listener's `/debug/*` endpoints.
+    #[serde(skip_serializing_if = "is_default")]
+    pub admin: AdminConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -221,6 +224,36 @@ pub struct TenantsConfig {
     pub metrics_allowlist: Vec<String>,
 }
 
+/// The environment variable holding the `/debug/*` bearer token when
+/// `admin.token_file` is unset.
+pub const ADMIN_TOKEN_ENV: &str = "KVSTEER_ADMIN_TOKEN";
+
+/// The admin listener (`admin_listen`) beyond its address: who may call
+/// `/debug/workers` and `/debug/score` (they show the fleet and run picks).
+/// `/metrics`, `/healthz` and `/readyz` stay open: put a NetworkPolicy or a
+/// loopback address in front of the port.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    pub debug: DebugAccess,
+    /// File whose content (trimmed) is the bearer token of `debug: token`;
+    /// unset: the `KVSTEER_ADMIN_TOKEN` environment variable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DebugAccess {
+    /// Anyone who reaches the admin port (the default; it listens on loopback).
+    #[default]
+    Enabled,
+    /// `/debug/*` answers 404.
+    Disabled,
+    /// `/debug/*` needs `Authorization: Bearer <token>`.
+    Token,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ScrapeConfig {
@@ -316,6 +349,7 @@ impl Default for Config {
             streams: StreamsConfig::default(),
             grpc: GrpcConfig::default(),
             tokenize: TokenizeConfig::default(),
+            admin: AdminConfig::default(),
         }
     }
 }
@@ -451,6 +485,12 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         socket_addr("grpc_listen", &self.grpc_listen)?;
         socket_addr("admin_listen", &self.admin_listen)?;
+        if self.admin.token_file.is_some() && self.admin.debug != DebugAccess::Token {
+            return Err(invalid(
+                "admin.token_file",
+                "is only read with `debug: token`",
+            ));
+        }
         if self.models.is_empty() {
             return Err(missing("models"));
         }
