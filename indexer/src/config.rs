@@ -296,6 +296,24 @@ pub struct GrpcConfig {
     /// replica, or reports to any).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub advertise: Option<String>,
+    /// TLS on the gRPC listener, with client certificates required; unset:
+    /// plaintext HTTP/2.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<GrpcTlsConfig>,
+}
+
+/// Server certificate and the CA whose client certificates are admitted
+/// (rustls). Every connection must present a client certificate that chains
+/// to `client_ca_file`; others are refused in the handshake.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcTlsConfig {
+    /// PEM certificate chain of this server.
+    pub cert_file: PathBuf,
+    /// PEM private key of `cert_file`.
+    pub key_file: PathBuf,
+    /// PEM CA certificate(s) the clients' (Envoy's) certificates chain to.
+    pub client_ca_file: PathBuf,
 }
 
 /// Bounds on the tokenization work one pick may cause.
@@ -371,6 +389,7 @@ impl Default for GrpcConfig {
         Self {
             max_message_bytes: DEFAULT_GRPC_MAX_MESSAGE_BYTES,
             advertise: None,
+            tls: None,
         }
     }
 }

@@ -46,6 +46,8 @@ pub struct ClusterOptions {
     /// An Envoy bootstrap to run instead of `envoy/local/envoy.yaml` (same
     /// ports, workers and indexer).
     pub envoy_config: Option<std::path::PathBuf>,
+    /// Extra YAML appended to the indexer's `grpc:` section (e.g. `tls:`).
+    pub grpc_extra: String,
 }
 
 impl ClusterOptions {
@@ -55,6 +57,7 @@ impl ClusterOptions {
             scoring_extra: String::new(),
             extra_indexers: 0,
             envoy_config: None,
+            grpc_extra: String::new(),
         }
     }
 }
@@ -232,6 +235,13 @@ impl Cluster {
                 "scoring:\n",
                 &format!("scoring:\n{}\n", self.opts.scoring_extra),
             );
+        }
+        if !self.opts.grpc_extra.is_empty() {
+            anyhow::ensure!(
+                config.contains("\ngrpc:\n"),
+                "indexer.yaml: no grpc section"
+            );
+            config = config.replace("\ngrpc:\n", &format!("\ngrpc:\n{}\n", self.opts.grpc_extra));
         }
         if r > 0 {
             let (grpc, admin) = (9090 + 100 * r, 9091 + 100 * r);
