@@ -402,7 +402,10 @@ fn server_tls(tls: &GrpcTlsConfig) -> Result<ServerTlsConfig, AppError> {
         })
     };
     Ok(ServerTlsConfig::new()
-        .identity(Identity::from_pem(read(&tls.cert_file)?, read(&tls.key_file)?))
+        .identity(Identity::from_pem(
+            read(&tls.cert_file)?,
+            read(&tls.key_file)?,
+        ))
         .client_ca_root(Certificate::from_pem(read(&tls.client_ca_file)?))
         .client_auth_optional(false))
 }

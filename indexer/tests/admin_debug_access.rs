@@ -120,7 +120,6 @@ async fn unreadable_or_empty_token_stops_the_start() {
     // A token file outside `debug: token` is a mistake, said so.
     let admin = "admin: {debug: enabled, token_file: /etc/token}";
     let error = Config::from_yaml(&format!("models: [{{name: m, tokenizer: t}}]\n{admin}\n"))
-        .err()
-        .expect("token_file without token mode");
+        .expect_err("token_file without token mode");
     assert!(error.to_string().contains("admin.token_file"), "{error}");
 }

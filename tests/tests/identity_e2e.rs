@@ -244,6 +244,9 @@ async fn send(
     )
 }
 
+/// Request headers, name and value.
+type Headers<'a> = Vec<(&'a str, &'a str)>;
+
 const FORGED: (&str, &str) = ("x-tenant-id", "team-b");
 const TEAM_A: Picks = Picks(1.0, 0.0, 0.0);
 const NOBODY: Picks = Picks(0.0, 0.0, 1.0);
@@ -303,7 +306,7 @@ async fn jwt_tenant_comes_from_a_verified_token_only() {
             .sign(&json!({"iss": ISSUER, "aud": "other", "tenant": "team-b", "exp": hour}))
             .expect("token"),
     );
-    let cases: [(&str, u16, Vec<(&str, &str)>); 6] = [
+    let cases: [(&str, u16, Headers); 6] = [
         ("missing", 401, vec![FORGED]),
         ("expired", 401, vec![FORGED, ("authorization", &expired)]),
         (
@@ -371,7 +374,7 @@ async fn jwt_anonymous_rule_lets_bad_tokens_through_as_nobody() {
         "Bearer {}",
         signer.sign(&claims("team-a", now() - 3600)).expect("token")
     );
-    let cases: [(&str, Vec<(&str, &str)>); 3] = [
+    let cases: [(&str, Headers); 3] = [
         ("missing", vec![FORGED]),
         ("expired", vec![FORGED, ("authorization", &expired)]),
         ("malformed", vec![FORGED, ("authorization", "Bearer x.y.z")]),
