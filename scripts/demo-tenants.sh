@@ -26,28 +26,35 @@ assert "tenants:\n" in text
 open(f"{run}/indexer-tenants.yaml", "w").write(text.replace("tenants:\n", tenants, 1))
 PY
 export KVSTEER_INDEXER_CONFIG="$KVSTEER_RUN/indexer-tenants.yaml"
+# The tenant header counts only from a trusted hop: here connections from
+# 127.0.0.2 (envoy/trusted-hop/envoy.yaml; envoy/jwt/ verifies tokens instead).
+export KVSTEER_ENVOY_CONFIG=envoy/trusted-hop/envoy.yaml
 start_local_layout tiny-cpu 4
 
 log "one long prompt, sent by team-c (shared), team-a (salted), then team-c again, then team-a again"
 python3 - <<'PY'
-import json, urllib.request, urllib.error
+import http.client, json
 
 def ask(tenant, question, max_tokens=8):
     system = "You are the support assistant.\n" + "".join(
         f"Policy {i}: answer briefly, cite rule {i}.\n" for i in range(120))
     body = json.dumps({"model": "Qwen/Qwen3-8B", "max_tokens": max_tokens, "messages": [
         {"role": "system", "content": system}, {"role": "user", "content": question}]}).encode()
-    req = urllib.request.Request("http://127.0.0.1:8080/v1/chat/completions", body,
-        {"content-type": "application/json", "x-tenant-id": tenant})
-    try:
-        with urllib.request.urlopen(req) as r:
-            usage = json.load(r)["usage"]
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-            print(f"  {tenant}: 200 from {r.headers['x-kvsteer-worker']}, "
-                  f"{cached} of {usage['prompt_tokens']} prompt tokens cached")
-    except urllib.error.HTTPError as e:
-        err = json.load(e)["error"]
-        print(f"  {tenant}: {e.code} Retry-After={e.headers.get('retry-after')} {err['type']}: {err['message']}")
+    # From the trusted hop's address: the tenant header counts.
+    conn = http.client.HTTPConnection("127.0.0.1", 8080, timeout=60, source_address=("127.0.0.2", 0))
+    conn.request("POST", "/v1/chat/completions", body,
+                 {"content-type": "application/json", "x-tenant-id": tenant})
+    r = conn.getresponse()
+    data = json.load(r)
+    if r.status == 200:
+        usage = data["usage"]
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        print(f"  {tenant}: 200 from {r.getheader('x-kvsteer-worker')}, "
+              f"{cached} of {usage['prompt_tokens']} prompt tokens cached")
+    else:
+        err = data["error"]
+        print(f"  {tenant}: {r.status} Retry-After={r.getheader('retry-after')} {err['type']}: {err['message']}")
+    conn.close()
 
 ask("team-c", "How do I reset my password?")
 ask("team-a", "How do I reset my password?")   # salted: nothing of team-c's is a hit

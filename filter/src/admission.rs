@@ -3,7 +3,7 @@
 
 use kvsteer_proto::v1::ApiKind;
 
-use crate::config::FilterConfig;
+use crate::config::{FilterConfig, MAX_TENANT_BYTES};
 use crate::metrics::FailOpenReason;
 
 /// The OpenAI API a path serves.
@@ -95,6 +95,32 @@ pub fn headers_to_strip(config: &FilterConfig) -> Vec<&str> {
         names.push(config.tenant_header.as_str());
     }
     names
+}
+
+/// The tenant a pick carries, from the (trusted) tenant header's value: none
+/// when the header is absent or untrusted, or when the value is longer than
+/// [`MAX_TENANT_BYTES`] or holds anything but visible ASCII (a safe fallback:
+/// the request is still steered, as nobody's).
+pub fn tenant_of(config: &FilterConfig, value: Option<&str>) -> Result<String, TenantError> {
+    let Some(value) = value.filter(|_| config.trust_tenant_header) else {
+        return Ok(String::new());
+    };
+    if value.len() > MAX_TENANT_BYTES {
+        return Err(TenantError::TooLong(value.len()));
+    }
+    if !value.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(TenantError::NotVisibleAscii);
+    }
+    Ok(value.to_owned())
+}
+
+/// Why a tenant header's value was dropped.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TenantError {
+    #[error("tenant header of {0} bytes exceeds {MAX_TENANT_BYTES}; sent without tenant")]
+    TooLong(usize),
+    #[error("tenant header holds other than visible ASCII; sent without tenant")]
+    NotVisibleAscii,
 }
 
 /// The path without its query string or fragment.
@@ -295,17 +321,40 @@ mod tests {
     }
 
     #[test]
-    fn strips_destination_always_and_tenant_when_untrusted() {
+    fn strips_destination_always_and_tenant_unless_trusted() {
         let mut config = FilterConfig::default();
-        assert_eq!(
-            headers_to_strip(&config),
-            vec!["x-gateway-destination-endpoint"]
-        );
-        config.trust_tenant_header = false;
         assert_eq!(
             headers_to_strip(&config),
             vec!["x-gateway-destination-endpoint", "x-tenant-id"]
         );
+        config.trust_tenant_header = true;
+        assert_eq!(
+            headers_to_strip(&config),
+            vec!["x-gateway-destination-endpoint"]
+        );
+    }
+
+    #[test]
+    fn tenant_is_read_only_when_trusted_and_capped() {
+        let mut config = FilterConfig::default();
+        assert_eq!(tenant_of(&config, Some("team-a")), Ok(String::new()));
+        config.trust_tenant_header = true;
+        assert_eq!(tenant_of(&config, Some("team-a")), Ok("team-a".into()));
+        assert_eq!(tenant_of(&config, None), Ok(String::new()));
+        let longest = "t".repeat(MAX_TENANT_BYTES);
+        assert_eq!(tenant_of(&config, Some(&longest)), Ok(longest.clone()));
+        let over = format!("{longest}x");
+        assert_eq!(
+            tenant_of(&config, Some(&over)),
+            Err(TenantError::TooLong(MAX_TENANT_BYTES + 1))
+        );
+        for bad in ["team a", "team\u{7f}", "t\u{e9}am", "\t"] {
+            assert_eq!(
+                tenant_of(&config, Some(bad)),
+                Err(TenantError::NotVisibleAscii),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -17,7 +17,14 @@ pub const DEFAULT_INDEXER_CLUSTER: &str = "kvsteer_indexer";
 pub const DEFAULT_TIMEOUT_MS: u64 = 200;
 pub const DEFAULT_PATHS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
 pub const DEFAULT_TENANT_HEADER: &str = "x-tenant-id";
-pub const DEFAULT_TRUST_TENANT_HEADER: bool = true;
+/// A client-sent tenant header is removed unless an earlier Envoy filter
+/// (jwt_authn, a trusted-hop rule) is known to have replaced it: see the
+/// README's "Security model".
+pub const DEFAULT_TRUST_TENANT_HEADER: bool = false;
+/// Longest tenant value the filter forwards; a longer one is dropped (the
+/// pick goes out with no tenant), so no client can inflate picks, logs or
+/// metric label sets through it.
+pub const MAX_TENANT_BYTES: usize = 128;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 pub const DEFAULT_REPORT: bool = true;
@@ -38,7 +45,11 @@ pub struct FilterConfig {
     pub paths: Vec<String>,
     /// Header naming the tenant, sent along in `Pick`.
     pub tenant_header: String,
-    /// When false, a client-supplied tenant header is removed.
+    /// When false (the default), the tenant header is removed before the
+    /// filter reads it: the pick goes out with no tenant. Set it true only
+    /// when an Envoy filter ahead of this one removes the client's copy and
+    /// writes a verified value (jwt_authn `claim_to_headers`, a trusted hop);
+    /// `envoy/jwt/` and `envoy/trusted-hop/` show both.
     pub trust_tenant_header: bool,
     /// Bodies larger than this pass through unrouted. One setting with the
     /// indexer's `grpc.max_message_bytes`, which must be at least this plus
@@ -216,7 +227,7 @@ mod tests {
     fn full_configuration_round_trips() {
         let json = r#"{"indexer_cluster": "idx", "timeout_ms": 50,
             "paths": ["/v1/chat/completions", "/openai/v1/completions"],
-            "tenant_header": "x-team", "trust_tenant_header": false,
+            "tenant_header": "x-team", "trust_tenant_header": true,
             "max_body_bytes": 1024, "destination_header": "x-dest", "report": false}"#;
         let config = FilterConfig::from_json(json.as_bytes()).unwrap();
         assert_eq!(config.indexer_cluster, "idx");
@@ -228,7 +239,7 @@ mod tests {
         assert_eq!(config.api_for("/v1/chat/completions"), Some(Api::Chat));
         assert_eq!(config.api_for("/v1/completions"), None);
         assert_eq!(config.tenant_header, "x-team");
-        assert!(!config.trust_tenant_header);
+        assert!(config.trust_tenant_header);
         assert_eq!(config.max_body_bytes, 1024);
         assert_eq!(config.destination_header, "x-dest");
         assert!(!config.report);

@@ -1,7 +1,9 @@
 //! Admin HTTP (axum): `/metrics`, `/healthz`, `/readyz`, `/debug/workers`,
-//! `/debug/score` (a dry-run pick of an OpenAI body).
+//! `/debug/score` (a dry-run pick of an OpenAI body). `/debug/*` is open,
+//! closed (404) or behind a bearer token (`admin.debug`).
 
 use crate::{
+    config::{AdminConfig, DebugAccess},
     discovery::watch::DiscoveryStatus,
     index::{Index, redis::lease::LeaseBoard},
     picker::{Mode, PickInput, Picker},
@@ -11,8 +13,9 @@ use crate::{
 use axum::{
     Json, Router,
     body::Bytes,
-    extract::State,
+    extract::{Request, State},
     http::{HeaderMap, StatusCode, header},
+    middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::{get, post},
 };
@@ -33,6 +36,102 @@ pub struct AdminState {
     pub leases: Option<Arc<LeaseBoard>>,
     /// Kubernetes discovery, when configured.
     pub discovery: Option<Arc<DiscoveryStatus>>,
+    pub debug: DebugGate,
+}
+
+/// Who may call `/debug/*`, with the token resolved.
+#[derive(Clone)]
+pub enum DebugGate {
+    Open,
+    Closed,
+    /// The bearer token (never logged: `Debug` prints no secret).
+    Bearer(Arc<str>),
+}
+
+impl std::fmt::Debug for DebugGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Open => "Open",
+            Self::Closed => "Closed",
+            Self::Bearer(_) => "Bearer(<redacted>)",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DebugTokenError {
+    #[error("admin.token_file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("admin.debug is `token` but {0} is empty")]
+    Empty(String),
+    #[error("admin.debug is `token` but neither admin.token_file nor {env} is set")]
+    Missing { env: &'static str },
+}
+
+// === impl DebugGate ===
+
+impl DebugGate {
+    /// Resolves `admin.debug`; `env` is the value of `ADMIN_TOKEN_ENV`.
+    pub fn from_config(cfg: &AdminConfig, env: Option<String>) -> Result<Self, DebugTokenError> {
+        let env_name = crate::config::ADMIN_TOKEN_ENV;
+        match cfg.debug {
+            DebugAccess::Enabled => Ok(Self::Open),
+            DebugAccess::Disabled => Ok(Self::Closed),
+            DebugAccess::Token => {
+                let (token, from) = match (&cfg.token_file, env) {
+                    (Some(path), _) => {
+                        let text = std::fs::read_to_string(path).map_err(|source| {
+                            DebugTokenError::Read {
+                                path: path.display().to_string(),
+                                source,
+                            }
+                        })?;
+                        (text, path.display().to_string())
+                    }
+                    (None, Some(value)) => (value, env_name.to_owned()),
+                    (None, None) => return Err(DebugTokenError::Missing { env: env_name }),
+                };
+                let token = token.trim();
+                if token.is_empty() {
+                    return Err(DebugTokenError::Empty(from));
+                }
+                Ok(Self::Bearer(Arc::from(token)))
+            }
+        }
+    }
+
+    /// Whether `headers` may call a `/debug/*` endpoint.
+    fn admits(&self, headers: &HeaderMap) -> bool {
+        match self {
+            Self::Open => true,
+            Self::Closed => false,
+            Self::Bearer(token) => headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .is_some_and(|given| same_secret(given.trim().as_bytes(), token.as_bytes())),
+        }
+    }
+}
+
+/// Compares without stopping at the first difference (the length is not secret).
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn guard_debug(State(gate): State<DebugGate>, req: Request, next: Next) -> Response {
+    if gate.admits(req.headers()) {
+        return next.run(req).await;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "a bearer token is required for /debug/*\n",
+    )
+        .into_response()
 }
 
 /// When `/readyz` answers 200.
@@ -50,13 +149,22 @@ pub enum Readiness {
 }
 
 pub fn router(state: AdminState) -> Router {
-    Router::new()
+    let open = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
+        .route("/readyz", get(readyz));
+    let debug = Router::new()
         .route("/debug/workers", get(workers))
         .route("/debug/score", post(score))
-        .with_state(state)
+        .route_layer(middleware::from_fn_with_state(
+            state.debug.clone(),
+            guard_debug,
+        ));
+    match state.debug {
+        DebugGate::Closed => open,
+        DebugGate::Open | DebugGate::Bearer(_) => open.merge(debug),
+    }
+    .with_state(state)
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {
@@ -252,4 +360,47 @@ fn source(origin: &Origin) -> Value {
 
 fn bad_request(msg: String) -> Response {
     (StatusCode::BAD_REQUEST, Json(json!({ "error": msg }))).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token_config() -> AdminConfig {
+        AdminConfig {
+            debug: DebugAccess::Token,
+            token_file: None,
+        }
+    }
+
+    #[test]
+    fn token_comes_from_the_environment_without_a_file() {
+        let gate = DebugGate::from_config(&token_config(), Some(" tok \n".into())).unwrap();
+        let mut headers = HeaderMap::new();
+        assert!(!gate.admits(&headers));
+        headers.insert(header::AUTHORIZATION, "Bearer tok".parse().unwrap());
+        assert!(gate.admits(&headers));
+        headers.insert(header::AUTHORIZATION, "Basic tok".parse().unwrap());
+        assert!(!gate.admits(&headers));
+        assert_eq!(format!("{gate:?}"), "Bearer(<redacted>)");
+    }
+
+    #[test]
+    fn token_mode_without_a_token_is_refused() {
+        let missing = DebugGate::from_config(&token_config(), None).unwrap_err();
+        assert!(
+            missing.to_string().contains("KVSTEER_ADMIN_TOKEN"),
+            "{missing}"
+        );
+        let empty = DebugGate::from_config(&token_config(), Some("  ".into())).unwrap_err();
+        assert!(empty.to_string().contains("is empty"), "{empty}");
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"abc", b"abc"));
+        assert!(!same_secret(b"abc", b"abd"));
+        assert!(!same_secret(b"ab", b"abc"));
+        assert!(!same_secret(b"", b"a"));
+    }
 }

@@ -4,7 +4,7 @@
 
 use crate::{
     admin::{self, AdminState, Readiness},
-    config::{Config, IndexBackend},
+    config::{Config, GrpcTlsConfig, IndexBackend},
     discovery::{
         self,
         watch::{DiscoveryMetrics, DiscoveryStatus},
@@ -35,6 +35,7 @@ use std::{
     time::{Duration, Instant},
 };
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -50,6 +51,15 @@ pub enum AppError {
     Discovery(#[from] discovery::watch::ClientError),
     #[error(transparent)]
     Tenancy(#[from] crate::tenancy::TenancyError),
+    #[error(transparent)]
+    DebugToken(#[from] admin::DebugTokenError),
+    #[error("grpc.tls: cannot read {path}: {source}")]
+    TlsFile {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("grpc.tls: {0}")]
+    Tls(#[from] tonic::transport::Error),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         what: &'static str,
@@ -192,6 +202,10 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         }
         _ => None,
     };
+    let debug = admin::DebugGate::from_config(
+        &cfg.admin,
+        std::env::var(crate::config::ADMIN_TOKEN_ENV).ok(),
+    )?;
     let (shutdown, shutdown_rx) = watch::channel(false);
 
     let grpc = listen("grpc", &cfg.grpc_listen).await?;
@@ -294,9 +308,13 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         .with_tenancy(tenancy)
         .into_server()
         .max_decoding_message_size(cfg.grpc.max_message_bytes);
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = &cfg.grpc.tls {
+        server = server.tls_config(server_tls(tls)?)?;
+    }
     let mut rx = shutdown_rx.clone();
     tasks.push(tokio::spawn(async move {
-        let result = tonic::transport::Server::builder()
+        let result = server
             .add_service(service)
             .serve_with_incoming_shutdown(
                 // Picks and reports are small frames on one long-lived HTTP/2
@@ -324,6 +342,7 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         },
         leases: leases.clone(),
         discovery,
+        debug,
     };
     let mut rx = shutdown_rx.clone();
     tasks.push(tokio::spawn(async move {
@@ -397,6 +416,24 @@ impl Running {
             let _ = task.await;
         }
     }
+}
+
+/// The rustls server config of `grpc.tls`: this server's identity and the
+/// CA every client certificate must chain to (required).
+fn server_tls(tls: &GrpcTlsConfig) -> Result<ServerTlsConfig, AppError> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|source| AppError::TlsFile {
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    Ok(ServerTlsConfig::new()
+        .identity(Identity::from_pem(
+            read(&tls.cert_file)?,
+            read(&tls.key_file)?,
+        ))
+        .client_ca_root(Certificate::from_pem(read(&tls.client_ca_file)?))
+        .client_auth_optional(false))
 }
 
 async fn listen(what: &'static str, addr: &str) -> Result<TcpListener, AppError> {

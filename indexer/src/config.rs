@@ -94,6 +94,9 @@ pub struct Config {
     pub streams: StreamsConfig,
     pub grpc: GrpcConfig,
     pub tokenize: TokenizeConfig,
+    /// Access to the admin listener's `/debug/*` endpoints.
+    #[serde(skip_serializing_if = "is_default")]
+    pub admin: AdminConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -248,6 +251,36 @@ pub struct TenantsConfig {
     pub max_tenant_bytes: usize,
 }
 
+/// The environment variable holding the `/debug/*` bearer token when
+/// `admin.token_file` is unset.
+pub const ADMIN_TOKEN_ENV: &str = "KVSTEER_ADMIN_TOKEN";
+
+/// The admin listener (`admin_listen`) beyond its address: who may call
+/// `/debug/workers` and `/debug/score` (they show the fleet and run picks).
+/// `/metrics`, `/healthz` and `/readyz` stay open: put a NetworkPolicy or a
+/// loopback address in front of the port.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    pub debug: DebugAccess,
+    /// File whose content (trimmed) is the bearer token of `debug: token`;
+    /// unset: the `KVSTEER_ADMIN_TOKEN` environment variable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DebugAccess {
+    /// Anyone who reaches the admin port (the default; it listens on loopback).
+    #[default]
+    Enabled,
+    /// `/debug/*` answers 404.
+    Disabled,
+    /// `/debug/*` needs `Authorization: Bearer <token>`.
+    Token,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ScrapeConfig {
@@ -290,6 +323,24 @@ pub struct GrpcConfig {
     /// replica, or reports to any).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub advertise: Option<String>,
+    /// TLS on the gRPC listener, with client certificates required; unset:
+    /// plaintext HTTP/2.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<GrpcTlsConfig>,
+}
+
+/// Server certificate and the CA whose client certificates are admitted
+/// (rustls). Every connection must present a client certificate that chains
+/// to `client_ca_file`; others are refused in the handshake.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcTlsConfig {
+    /// PEM certificate chain of this server.
+    pub cert_file: PathBuf,
+    /// PEM private key of `cert_file`.
+    pub key_file: PathBuf,
+    /// PEM CA certificate(s) the clients' (Envoy's) certificates chain to.
+    pub client_ca_file: PathBuf,
 }
 
 /// Bounds on the tokenization work one pick may cause.
@@ -343,6 +394,7 @@ impl Default for Config {
             streams: StreamsConfig::default(),
             grpc: GrpcConfig::default(),
             tokenize: TokenizeConfig::default(),
+            admin: AdminConfig::default(),
         }
     }
 }
@@ -364,6 +416,7 @@ impl Default for GrpcConfig {
         Self {
             max_message_bytes: DEFAULT_GRPC_MAX_MESSAGE_BYTES,
             advertise: None,
+            tls: None,
         }
     }
 }
@@ -484,6 +537,12 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         socket_addr("grpc_listen", &self.grpc_listen)?;
         socket_addr("admin_listen", &self.admin_listen)?;
+        if self.admin.token_file.is_some() && self.admin.debug != DebugAccess::Token {
+            return Err(invalid(
+                "admin.token_file",
+                "is only read with `debug: token`",
+            ));
+        }
         if self.models.is_empty() {
             return Err(missing("models"));
         }

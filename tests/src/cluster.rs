@@ -47,6 +47,11 @@ pub struct ClusterOptions {
     pub tenants_extra: String,
     /// Environment of the indexer processes, beyond `RUST_LOG`.
     pub indexer_env: Vec<(String, String)>,
+    /// An Envoy bootstrap to run instead of `envoy/local/envoy.yaml` (same
+    /// ports, workers and indexer).
+    pub envoy_config: Option<std::path::PathBuf>,
+    /// Extra YAML appended to the indexer's `grpc:` section (e.g. `tls:`).
+    pub grpc_extra: String,
 }
 
 impl ClusterOptions {
@@ -57,6 +62,8 @@ impl ClusterOptions {
             extra_indexers: 0,
             tenants_extra: String::new(),
             indexer_env: Vec::new(),
+            envoy_config: None,
+            grpc_extra: String::new(),
         }
     }
 }
@@ -246,6 +253,13 @@ impl Cluster {
                 &format!("tenants:\n{}\n", self.opts.tenants_extra.trim_end()),
             );
         }
+        if !self.opts.grpc_extra.is_empty() {
+            anyhow::ensure!(
+                config.contains("\ngrpc:\n"),
+                "indexer.yaml: no grpc section"
+            );
+            config = config.replace("\ngrpc:\n", &format!("\ngrpc:\n{}\n", self.opts.grpc_extra));
+        }
         if r > 0 {
             let (grpc, admin) = (9090 + 100 * r, 9091 + 100 * r);
             config = config
@@ -264,7 +278,11 @@ impl Cluster {
     }
 
     async fn start_envoy(&mut self) -> anyhow::Result<()> {
-        let mut config = self.paths.root.join("envoy/local/envoy.yaml");
+        let mut config = self
+            .opts
+            .envoy_config
+            .clone()
+            .unwrap_or_else(|| self.paths.root.join("envoy/local/envoy.yaml"));
         if self.opts.extra_indexers > 0 {
             // The replicas join the first indexer's endpoint in the cluster.
             let text = std::fs::read_to_string(&config)?;

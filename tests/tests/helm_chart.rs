@@ -26,7 +26,7 @@ use std::process::Command;
 
 use kvsteer_e2e::manifests::{documents, merge, root, str_at, tool, walk, wasm};
 use kvsteer_filter::config::FilterConfig;
-use kvsteer_indexer::config::Config as IndexerConfig;
+use kvsteer_indexer::config::{Config as IndexerConfig, DebugAccess};
 use serde_json::{Value, json};
 
 const RELEASE: &str = "kvsteer";
@@ -133,6 +133,14 @@ const CASES: &[Case] = &[
             "upstream.adminPaths={/tokenize,/metrics}",
             "wasm.source=image",
             "wasm.image.reference=registry.example/kvsteer-filter:0.1.0",
+        ],
+    },
+    Case {
+        name: "standalone, debug behind a token",
+        values: "values-standalone.yaml",
+        set: &[
+            "indexer.debug=token",
+            "indexer.debugTokenSecret.name=kvsteer-admin-token",
         ],
     },
     Case {
@@ -438,6 +446,26 @@ fn indexer_config_loads(r: &Rendered) {
     // The Deployment reads the config where it is mounted, the tokenizers
     // where the config points, and probes the admin port.
     let c = &spec["containers"][0];
+    // /debug/* is off unless asked for; a token comes from a Secret.
+    let want = if r.case.contains("debug behind a token") {
+        DebugAccess::Token
+    } else {
+        DebugAccess::Disabled
+    };
+    assert_eq!(cfg.admin.debug, want, "{}", r.case);
+    let token_env = c["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "KVSTEER_ADMIN_TOKEN");
+    match token_env {
+        Some(e) => assert_eq!(
+            e["valueFrom"]["secretKeyRef"]["name"], "kvsteer-admin-token",
+            "{}",
+            r.case
+        ),
+        None => assert_ne!(want, DebugAccess::Token, "{}: no token env", r.case),
+    }
     let args: Vec<&str> = c["args"]
         .as_array()
         .expect("args")
@@ -649,6 +677,11 @@ fn check_plugin(where_: &str, config: &Value, json_text: &str) -> FilterConfig {
     let parsed = FilterConfig::from_json(json_text.as_bytes())
         .unwrap_or_else(|e| panic!("{where_}: plugin configuration rejected: {e}"));
     assert_eq!(parsed.destination_header, DESTINATION_HEADER, "{where_}");
+    // The chart's default: a client's tenant header is never trusted.
+    assert!(
+        !parsed.trust_tenant_header,
+        "{where_}: tenant header trusted"
+    );
     parsed
 }
 
@@ -1283,6 +1316,17 @@ fn bad_values_are_refused_with_a_reason() {
                 ][..],
                 "gateway: istio runs one indexer replica",
             ),
+        ),
+        (
+            "a debug token without its Secret",
+            (
+                &["indexer.debug=token"][..],
+                "indexer.debugTokenSecret.name",
+            ),
+        ),
+        (
+            "an unknown debug mode",
+            (&["indexer.debug=open"][..], "debug"),
         ),
         (
             "buffer below the body limit",

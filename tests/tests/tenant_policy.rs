@@ -1,5 +1,7 @@
 //! Tenant cache isolation and budgets through a real Envoy 1.40, the filter,
-//! the indexer and three simulated workers (local layout).
+//! the indexer and three simulated workers (local layout). The tenant comes
+//! from a trusted hop (`envoy/trusted-hop/envoy.yaml`: the header counts
+//! only on connections from 127.0.0.2, where these requests come from).
 
 use std::time::Duration;
 
@@ -33,9 +35,18 @@ fn messages(turns: &[&str]) -> Value {
     Value::Array(m)
 }
 
+/// A client of the trusted hop: its tenant header counts.
+fn gateway() -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("client")
+}
+
 async fn ask(c: &Cluster, tenant: &str, body: &Value) -> ChatReply {
     send_chat(
-        &c.client,
+        &gateway(),
         &c.envoy_url("/v1/chat/completions"),
         body,
         &[(TENANT_HEADER, tenant)],
@@ -54,6 +65,8 @@ fn options(secret: &std::path::Path) -> ClusterOptions {
         "  salt_secret_file: {}\n  overrides:\n    team-a: {{isolation: salted}}\n    team-b: {{isolation: salted}}\n    team-c:\n      budget: {{tokens_per_minute: 3000}}\n",
         secret.display()
     );
+    let paths = Paths::discover().expect("paths");
+    opts.envoy_config = Some(paths.root.join("envoy/trusted-hop/envoy.yaml"));
     opts
 }
 

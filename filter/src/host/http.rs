@@ -166,7 +166,12 @@ impl KvsteerHttp {
         self.pick_id = pick_id;
         request.request_id.clone_from(&self.pick_id);
         request.client_request_id = header(REQUEST, "x-request-id").unwrap_or_default();
-        request.tenant = header(REQUEST, &shared.config.tenant_header).unwrap_or_default();
+        let tenant = header(REQUEST, &shared.config.tenant_header);
+        request.tenant =
+            admission::tenant_of(&shared.config, tenant.as_deref()).unwrap_or_else(|error| {
+                log::info!("kvsteer-filter: {error}");
+                String::new()
+            });
         let timeout = Duration::from_millis(shared.config.timeout_ms);
         let message = request.encode_to_vec();
         let sent_at = calls::now();
