@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use kvsteer_e2e::{
-    ChatReply, Cluster, ClusterOptions, MODEL, SimOptions, chat_body, send_chat, serial, wait_until,
+    ChatReply, Cluster, ClusterOptions, MODEL, Paths, SimOptions, chat_body, send_chat, serial,
+    wait_until,
 };
 use serde_json::{Value, json};
 
