@@ -653,3 +653,130 @@ async fn cache_salt_keeps_prefixes_apart() {
         assert_eq!(status, 400, "{err}");
     }
 }
+
+/// `/v1/chat/completions/render` (vLLM's render API, used by vLLM's router
+/// to learn a prompt's tokens) answers the tokens `/tokenize` and generation
+/// use, as a `GenerateRequest`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn render_returns_the_prompt_tokens() {
+    let h = Harness::start(config(4096, 8192)).await;
+    let body = chat_body("be brief.", "what is a block hash?", 7);
+    let (status, rendered) = h.post("/v1/chat/completions/render", &body).await;
+    assert_eq!(status, 200, "{rendered}");
+    let (status, tokenized) = h.post("/tokenize", &body).await;
+    assert_eq!(status, 200, "{tokenized}");
+    assert!(rendered["token_ids"].as_array().unwrap().len() > 10);
+    assert_eq!(rendered["token_ids"], tokenized["tokens"]);
+    assert_eq!(rendered["sampling_params"]["max_tokens"], 7);
+    assert_eq!(rendered["model"], "sim-model");
+    assert_eq!(rendered["features"], Value::Null);
+    // The same tokens are what a generation counts as its prompt.
+    let (_, done) = h.post("/v1/chat/completions", &body).await;
+    assert_eq!(
+        done["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+        rendered["token_ids"].as_array().unwrap().len()
+    );
+    // No max_tokens: what the context leaves, as vLLM resolves it.
+    let mut open: Value = serde_json::from_str(&body).unwrap();
+    open.as_object_mut().unwrap().remove("max_tokens");
+    let (_, r) = h
+        .post("/v1/chat/completions/render", &open.to_string())
+        .await;
+    assert_eq!(
+        r["sampling_params"]["max_tokens"].as_u64().unwrap() as usize,
+        8192 - r["token_ids"].as_array().unwrap().len()
+    );
+    // Bad input: an unknown model, no messages, not JSON.
+    let mut other: Value = serde_json::from_str(&body).unwrap();
+    other["model"] = json!("other-model");
+    let (status, _) = h
+        .post("/v1/chat/completions/render", &other.to_string())
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = h
+        .post("/v1/chat/completions/render", r#"{"model":"sim-model"}"#)
+        .await;
+    assert_eq!(status, 400);
+    let (status, _) = h.post("/v1/chat/completions/render", "{").await;
+    assert_eq!(status, 400);
+}
+
+/// Canonical CBOR head (test-local, independent of the simulator's).
+fn cbor_head(out: &mut Vec<u8>, major: u8, n: u64) {
+    let m = major << 5;
+    match n {
+        0..=23 => out.push(m | n as u8),
+        24..=0xff => out.extend([m | 24, n as u8]),
+        0x100..=0xffff => {
+            out.push(m | 25);
+            out.extend((n as u16).to_be_bytes());
+        }
+        0x1_0000..=0xffff_ffff => {
+            out.push(m | 26);
+            out.extend((n as u32).to_be_bytes());
+        }
+        _ => {
+            out.push(m | 27);
+            out.extend(n.to_be_bytes());
+        }
+    }
+}
+
+/// With `--prefix-caching-hash-algo sha256_cbor` the published hashes are
+/// vLLM's: `sha256(cbor([parent, [tokens], null]))` chained from
+/// `NONE_HASH = sha256(cbor("vllm-none-hash"))`, last 8 bytes big-endian.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sha256_cbor_publishes_vllm_block_hashes() {
+    use kvsteer_kv_events::BlockHash;
+    use sha2::{Digest, Sha256};
+
+    let mut cfg = config(4096, 8192);
+    cfg.engine.prefix_caching_hash_algo = kvsteer_sim::engine::HashAlgo::Sha256Cbor;
+    let mut h = Harness::start(cfg).await;
+    let body = chat_body(&long_system_prompt(), "q1", 2);
+    let (_, rendered) = h.post("/v1/chat/completions/render", &body).await;
+    let prompt: Vec<u64> = rendered["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    let (status, _) = h.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200);
+    let seen = h.until(|e| matches!(e, KvEvent::BlockStored(_))).await;
+    let mut seen = seen;
+    seen.extend(h.drain().await);
+    let published: Vec<u64> = seen
+        .iter()
+        .flat_map(|(_, e)| e)
+        .filter_map(|e| match e {
+            KvEvent::BlockStored(s) => Some(s.block_hashes.clone()),
+            _ => None,
+        })
+        .flatten()
+        .map(|b| match b {
+            BlockHash::U64(v) => v,
+            other => panic!("expected u64 hashes, got {other:?}"),
+        })
+        .collect();
+
+    let mut text = Vec::new();
+    cbor_head(&mut text, 3, 14);
+    text.extend(b"vllm-none-hash");
+    let mut parent: [u8; 32] = Sha256::digest(&text).into();
+    let full = prompt.len() / 16;
+    assert!(full > 50 && published.len() >= full, "{}", published.len());
+    for (i, chunk) in prompt.chunks_exact(16).enumerate() {
+        let mut buf = vec![0x83];
+        cbor_head(&mut buf, 2, 32);
+        buf.extend(parent);
+        cbor_head(&mut buf, 4, 16);
+        for &t in chunk {
+            cbor_head(&mut buf, 0, t);
+        }
+        buf.push(0xf6);
+        parent = Sha256::digest(&buf).into();
+        let want = u64::from_be_bytes(parent[24..].try_into().unwrap());
+        assert_eq!(published[i], want, "block {i}");
+    }
+}

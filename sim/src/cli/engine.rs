@@ -9,10 +9,10 @@ use clap::{Args, ValueEnum};
 use kvsteer_kv_events::Encoding;
 use kvsteer_kv_events::zmq::PublisherConfig;
 
-use crate::engine::EngineConfig;
 use crate::engine::config::{
     DEFAULT_BLOCK_SIZE, DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS,
 };
+use crate::engine::{EngineConfig, HashAlgo};
 use crate::profile::{TimingProfile, UnknownProfile};
 use crate::server::ServerConfig;
 
@@ -21,6 +21,15 @@ pub const DEFAULT_MODEL_NAME: &str = "kvsteer-sim";
 pub const DEFAULT_PROFILE: &str = "l40s-27b-fp8";
 /// vLLM's default replay buffer (`buffer_steps`).
 pub const DEFAULT_REPLAY_BUFFER_BATCHES: usize = 10_000;
+
+/// `--prefix-caching-hash-algo`: the simulator's own XXH3 or vLLM's
+/// `sha256_cbor` (for peers that recompute vLLM's block hashes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PrefixCachingHashAlgo {
+    Xxh3,
+    #[value(name = "sha256_cbor")]
+    Sha256Cbor,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EventEncoding {
@@ -92,9 +101,17 @@ pub struct EngineArgs {
     /// Simulated time runs this many times faster than real time.
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
-    /// Block-hash key: `random` or a number.
+    /// Block-hash key of `xxh3`: `random` or a number.
     #[arg(long, default_value = "random")]
     pub hash_seed: HashSeed,
+    /// Block-hash algorithm: `xxh3` (the simulator's) or `sha256_cbor`
+    /// (vLLM's, bit for bit).
+    #[arg(long, value_enum, default_value = "xxh3")]
+    pub prefix_caching_hash_algo: PrefixCachingHashAlgo,
+    /// Seed of `sha256_cbor`'s chain, as vLLM's `PYTHONHASHSEED` (vLLM's
+    /// default when that is unset: `vllm-none-hash`).
+    #[arg(long, default_value = crate::engine::DEFAULT_NONE_HASH_SEED)]
+    pub none_hash_seed: String,
     /// Sampling seed (filler tokens, EOS).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -130,6 +147,11 @@ impl EngineArgs {
             HashSeed::Fixed(n) => n,
             HashSeed::Random => rand::random(),
         };
+        engine.prefix_caching_hash_algo = match self.prefix_caching_hash_algo {
+            PrefixCachingHashAlgo::Xxh3 => HashAlgo::Xxh3,
+            PrefixCachingHashAlgo::Sha256Cbor => HashAlgo::Sha256Cbor,
+        };
+        engine.none_hash_seed.clone_from(&self.none_hash_seed);
         if self.replay_endpoint.is_some() && self.kv_events_endpoint.is_none() {
             return Err(ArgsError::ReplayWithoutPub);
         }
@@ -221,6 +243,8 @@ mod tests {
         assert_eq!(kv.topic, "kv@127.0.0.1:8000@kvsteer-sim");
         assert_eq!(kv.encoding, Encoding::Map);
         assert_eq!(cfg.engine.hash_seed, 9);
+        assert_eq!(cfg.engine.prefix_caching_hash_algo, HashAlgo::Xxh3);
+        assert_eq!(cfg.engine.none_hash_seed, "vllm-none-hash");
         assert_eq!(cfg.engine.block_size, 16);
         assert_eq!(
             cfg.engine.num_gpu_blocks,
@@ -268,9 +292,15 @@ mod tests {
             "3",
             "--worker-id",
             "w1",
+            "--prefix-caching-hash-algo",
+            "sha256_cbor",
+            "--none-hash-seed",
+            "42",
         ])
         .unwrap();
         let cfg = a.server_config().unwrap();
+        assert_eq!(cfg.engine.prefix_caching_hash_algo, HashAlgo::Sha256Cbor);
+        assert_eq!(cfg.engine.none_hash_seed, "42");
         assert_eq!(cfg.engine.num_gpu_blocks, 2000);
         assert_eq!(cfg.engine.max_num_seqs, 8);
         assert_eq!(cfg.kv_events.unwrap().encoding, Encoding::Array);
@@ -281,6 +311,7 @@ mod tests {
     fn bad_values_are_errors() {
         assert!(parse(&["--tokenizer", "t", "--hash-seed", "x"]).is_err());
         assert!(parse(&["--tokenizer", "t", "--event-encoding", "json"]).is_err());
+        assert!(parse(&["--tokenizer", "t", "--prefix-caching-hash-algo", "sha256"]).is_err());
         let a = parse(&["--tokenizer", "t", "--profile", "h100"]).unwrap();
         assert!(matches!(a.server_config(), Err(ArgsError::Profile(_))));
         let a = parse(&["--tokenizer", "t", "--replay-endpoint", "tcp://127.0.0.1:2"]).unwrap();

@@ -14,6 +14,21 @@ pub const DEFAULT_EOS_TOKEN_ID: u32 = 151_645;
 /// `ignore_eos`) that the token is EOS: mean length ~500 tokens.
 pub const DEFAULT_EOS_PROBABILITY: f64 = 0.002;
 
+/// vLLM's `NONE_HASH` seed for cryptographic hashes when `PYTHONHASHSEED`
+/// is unset (`kv_cache_utils.DEFAULT_NONE_HASH_SEED`).
+pub const DEFAULT_NONE_HASH_SEED: &str = "vllm-none-hash";
+
+/// Block-hash algorithm.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HashAlgo {
+    /// The simulator's own: XXH3-64 keyed by `hash_seed` (opaque to peers).
+    #[default]
+    Xxh3,
+    /// vLLM's `sha256_cbor`, bit for bit: peers that recompute vLLM's block
+    /// hashes from token ids match the published ones.
+    Sha256Cbor,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
     pub block_size: usize,
@@ -22,8 +37,13 @@ pub struct EngineConfig {
     pub max_num_batched_tokens: usize,
     pub max_model_len: usize,
     pub profile: TimingProfile,
-    /// Keys the block hashes.
+    /// How block hashes are computed (`--prefix-caching-hash-algo`).
+    pub prefix_caching_hash_algo: HashAlgo,
+    /// Keys the XXH3 block hashes.
     pub hash_seed: u64,
+    /// Seeds the `sha256_cbor` chain: vLLM's `NONE_HASH = sha256_cbor(seed)`
+    /// with `PYTHONHASHSEED`, else [`DEFAULT_NONE_HASH_SEED`].
+    pub none_hash_seed: String,
     /// Seeds token sampling (filler choice and EOS).
     pub seed: u64,
     pub eos_token_id: u32,
@@ -62,7 +82,9 @@ impl EngineConfig {
             max_num_batched_tokens: DEFAULT_MAX_NUM_BATCHED_TOKENS,
             max_model_len: DEFAULT_MAX_MODEL_LEN,
             profile,
+            prefix_caching_hash_algo: HashAlgo::default(),
             hash_seed: 0,
+            none_hash_seed: DEFAULT_NONE_HASH_SEED.to_owned(),
             seed: 0,
             eos_token_id: DEFAULT_EOS_TOKEN_ID,
             eos_probability: DEFAULT_EOS_PROBABILITY,

@@ -17,7 +17,7 @@ mod step;
 
 use std::collections::{HashMap, VecDeque};
 
-pub use config::{ConfigError, EngineConfig};
+pub use config::{ConfigError, DEFAULT_NONE_HASH_SEED, EngineConfig, HashAlgo};
 pub use events::{CacheEvent, MEDIUM_GPU, to_event_batch};
 pub use request::{FinishReason, Lora, RejectReason, RequestId, RequestStatus, SimRequest, Usage};
 pub use step::{FinishedRequest, StepOutput, TokenOutput};
@@ -73,7 +73,11 @@ impl Engine {
     pub fn new(cfg: EngineConfig) -> Result<Self, ConfigError> {
         cfg.validate()?;
         Ok(Self {
-            hasher: BlockHasher::new(cfg.hash_seed),
+            hasher: BlockHasher::new(
+                cfg.prefix_caching_hash_algo,
+                cfg.hash_seed,
+                &cfg.none_hash_seed,
+            ),
             pool: BlockPool::new(cfg.num_gpu_blocks),
             cfg,
             slots: Vec::new(),
@@ -122,9 +126,9 @@ impl Engine {
         let mut block_hashes = Vec::with_capacity(prompt_tokens / self.cfg.block_size + 1);
         let hasher = match &req.lora {
             Some(lora) => self.hasher.for_lora(&lora.name),
-            None => self.hasher,
+            None => self.hasher.clone(),
         };
-        let hasher = match req.cache_salt.as_deref() {
+        let mut hasher = match req.cache_salt.as_deref() {
             Some(salt) if !salt.is_empty() => hasher.salted(salt),
             _ => hasher,
         };

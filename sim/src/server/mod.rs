@@ -10,6 +10,7 @@ mod error;
 mod generate;
 mod metrics;
 mod openai;
+mod render;
 mod routes;
 
 use std::net::SocketAddr;

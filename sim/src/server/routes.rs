@@ -137,6 +137,10 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/health", get(health))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/tokenize", post(tokenize))
+        .route(
+            "/v1/chat/completions/render",
+            post(super::render::render_chat),
+        )
         .route("/metrics", get(metrics))
         .fallback(not_found)
         // vLLM reads bodies of any size and answers an over-long prompt with a
