@@ -15,7 +15,7 @@ use crate::admission::Api;
 
 pub const DEFAULT_INDEXER_CLUSTER: &str = "kvsteer_indexer";
 pub const DEFAULT_TIMEOUT_MS: u64 = 200;
-pub const DEFAULT_PATHS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
+pub const DEFAULT_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/messages"];
 pub const DEFAULT_TENANT_HEADER: &str = "x-tenant-id";
 pub const DEFAULT_TRUST_TENANT_HEADER: bool = true;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
@@ -123,7 +123,9 @@ impl FilterConfig {
             if Api::for_path(path).is_none() {
                 return Err(invalid(
                     "paths",
-                    format!("`{path}` must end with `/chat/completions` or `/completions`"),
+                    format!(
+                        "`{path}` must end with `/chat/completions`, `/completions` or `/messages`"
+                    ),
                 ));
             }
             if self.paths[..i].contains(path) {
