@@ -5,10 +5,11 @@
 //! `stream_options.include_usage`) and near the end of a JSON response, so the
 //! last `"usage"` whose value is an object within the tail is the one.
 //!
-//! Anthropic's `/v1/messages` (as vLLM serves it) names the counts
-//! `input_tokens` (the whole prompt, as vLLM's `prompt_tokens`),
-//! `output_tokens` and `cache_read_input_tokens`; its stream's last usage
-//! is in `message_delta` (the one in `message_start` has no output yet).
+//! Anthropic's `/v1/messages` (as vLLM 0.32 serves it) splits the prompt
+//! into `input_tokens` (not cached), `cache_read_input_tokens` and
+//! `cache_creation_input_tokens`, and counts `output_tokens`; its stream's
+//! last usage is in `message_delta` (the one in `message_start` has no
+//! output yet).
 
 use kvsteer_proto::v1::Usage;
 use serde_json::Value;
@@ -96,14 +97,22 @@ fn usage_at(rest: &[u8]) -> Option<Usage> {
                 .unwrap_or(0),
         });
     }
+    // Anthropic's prompt is input + cache reads + cache writes.
     let input_tokens = value.get("input_tokens").and_then(count)?;
+    let cache_read = value
+        .get("cache_read_input_tokens")
+        .and_then(count)
+        .unwrap_or(0);
+    let cache_creation = value
+        .get("cache_creation_input_tokens")
+        .and_then(count)
+        .unwrap_or(0);
     Some(Usage {
-        prompt_tokens: input_tokens,
+        prompt_tokens: input_tokens
+            .saturating_add(cache_read)
+            .saturating_add(cache_creation),
         completion_tokens: value.get("output_tokens").and_then(count).unwrap_or(0),
-        cached_tokens: value
-            .get("cache_read_input_tokens")
-            .and_then(count)
-            .unwrap_or(0),
+        cached_tokens: cache_read,
     })
 }
 
@@ -187,7 +196,7 @@ mod tests {
             "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\n",
             "event: message_delta\n",
             "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},",
-            "\"usage\":{\"input_tokens\":40,\"output_tokens\":5,\"cache_read_input_tokens\":32}}\n\n",
+            "\"usage\":{\"input_tokens\":8,\"output_tokens\":5,\"cache_read_input_tokens\":32}}\n\n",
             "event: message_stop\n",
             "data: {\"type\":\"message_stop\"}\n\n",
         );

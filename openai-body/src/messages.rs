@@ -1,16 +1,21 @@
 //! `/v1/messages` (Anthropic Messages API) → the chat request vLLM makes of it.
 //!
-//! vLLM serves `/v1/messages` by converting the body into a chat request
-//! (`vllm/entrypoints/anthropic/serving.py`,
-//! `_convert_anthropic_to_openai_request`) and rendering that with the chat
-//! template. This module performs the same conversion, so the chat path
-//! tokenizes a messages body exactly as vLLM does:
+//! vLLM (0.32) serves `/v1/messages` by converting the body into a chat
+//! request (`vllm/entrypoints/anthropic/serving.py`,
+//! `to_chat_completion_request`) and rendering that with the chat template.
+//! This module performs the same conversion, so the chat path tokenizes a
+//! messages body exactly as vLLM does:
 //!
-//! - `system` (a string, or text blocks) and the text of any `system`-role
-//!   message are concatenated with no separator into one leading system
-//!   message; text blocks starting with `x-anthropic-billing-header` are
-//!   dropped.
-//! - Roles `ctx` and `msg` read as `user`.
+//! - `system` (a string, or its non-empty text blocks concatenated with no
+//!   separator) becomes a leading system message; text blocks starting with
+//!   `x-anthropic-billing-header` are dropped.
+//! - A `system`-role message stays in place as a system message with its
+//!   text (same rules), or is dropped when it has none. (vLLM merges them
+//!   into the leading one instead only for templates that reject a late
+//!   system message, which Qwen3's does not.)
+//! - `thinking: {"type": "disabled"}` sets `reasoning_effort` to `none`
+//!   (over `output_config.effort`); other thinking types change nothing
+//!   in the prompt.
 //! - Blocks: non-empty `text` → a text part; `image` → an image part (no
 //!   text); `thinking` → the message's `reasoning` (joined with no
 //!   separator); `tool_use` → a tool call whose arguments are `input`;
@@ -24,7 +29,7 @@
 //!   no content is dropped.
 //! - `tools[]` → `{"type": "function", "function": {name, description,
 //!   parameters: input_schema (with "type": "object" added when missing),
-//!   defer_loading}}`.
+//!   strict, defer_loading}}`.
 
 use serde_json::{Map, Value, json};
 
@@ -47,7 +52,7 @@ pub(crate) fn messages(obj: &mut Object) -> Result<Chat, BodyError> {
         parsed.push(anthropic_message(i, item)?);
     }
 
-    let mut system = match obj.remove("system") {
+    let system = match obj.remove("system") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s,
         Some(Value::Array(blocks)) => {
@@ -60,13 +65,6 @@ pub(crate) fn messages(obj: &mut Object) -> Result<Chat, BodyError> {
         }
         Some(_) => return Err(wrong("system", "a string, an array of blocks or null")),
     };
-    for m in parsed.iter().filter(|m| m.role == "system") {
-        match &m.content {
-            AnthropicContent::Text(t) => system.push_str(t),
-            AnthropicContent::Blocks(blocks) => system.push_str(&system_text(blocks)),
-        }
-    }
-
     let mut out = Vec::new();
     if !system.is_empty() {
         out.push(Message {
@@ -76,7 +74,20 @@ pub(crate) fn messages(obj: &mut Object) -> Result<Chat, BodyError> {
         });
     }
     for m in parsed {
-        if m.role != "system" {
+        if m.role == "system" {
+            let text = match m.content {
+                AnthropicContent::Text(t) if t.starts_with(BILLING_HEADER) => String::new(),
+                AnthropicContent::Text(t) => t,
+                AnthropicContent::Blocks(blocks) => system_text(&blocks),
+            };
+            if !text.is_empty() {
+                out.push(Message {
+                    role: "system".into(),
+                    content: Content::Text(text),
+                    ..Message::default()
+                });
+            }
+        } else {
             convert_message(m, &mut out);
         }
     }
@@ -97,7 +108,7 @@ pub(crate) fn messages(obj: &mut Object) -> Result<Chat, BodyError> {
         Some(Value::Object(kwargs)) => Some(kwargs),
         Some(_) => return Err(wrong("chat_template_kwargs", "an object or null")),
     };
-    let reasoning_effort = match obj.get("output_config") {
+    let mut reasoning_effort = match obj.get("output_config") {
         Some(Value::Object(cfg)) => match cfg.get("effort") {
             None | Some(Value::Null) => None,
             Some(Value::String(e)) => Some(e.clone()),
@@ -106,6 +117,15 @@ pub(crate) fn messages(obj: &mut Object) -> Result<Chat, BodyError> {
         None | Some(Value::Null) => None,
         Some(_) => return Err(wrong("output_config", "an object or null")),
     };
+    match obj.get("thinking") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(t)) => match t.get("type").and_then(Value::as_str) {
+            Some("disabled") => reasoning_effort = Some("none".into()),
+            Some("enabled" | "adaptive") => {}
+            _ => return Err(wrong("thinking.type", "enabled, disabled or adaptive")),
+        },
+        Some(_) => return Err(wrong("thinking", "an object or null")),
+    }
     Ok(Chat {
         messages: out,
         tools,
@@ -150,8 +170,6 @@ fn anthropic_message(i: usize, value: Value) -> Result<AnthropicMessage, BodyErr
     let role = match obj.remove("role") {
         Some(Value::String(r)) => match r.as_str() {
             "user" | "assistant" | "system" => r,
-            // Claude Code's non-standard roles, as vLLM maps them.
-            "ctx" | "msg" => "user".to_owned(),
             _ => return Err(wrong(at("role"), "user, assistant or system")),
         },
         None | Some(Value::Null) => return Err(BodyError::Missing(at("role"))),
@@ -185,6 +203,14 @@ fn block(value: Value, at: impl Fn() -> String) -> Result<Block, BodyError> {
         Some(k) => match k.as_str() {
             "text" | "image" | "tool_use" | "tool_result" | "tool_reference" | "thinking"
             | "redacted_thinking" => k,
+            // They change `tools` mid-conversation (vLLM's `_resolve_tools`);
+            // not followed here, so such a request is not steered.
+            "tool_addition" | "tool_removal" => {
+                return Err(wrong(
+                    format!("{}.type", at()),
+                    "a block type other than tool_addition/tool_removal (not supported)",
+                ));
+            }
             _ => return Err(wrong(format!("{}.type", at()), "a known block type")),
         },
         None => return Err(BodyError::Missing(format!("{}.type", at()))),
@@ -412,17 +438,20 @@ fn tool(i: usize, value: Value) -> Result<Value, BodyError> {
     if !schema.contains_key("type") {
         schema.insert("type".into(), Value::String("object".into()));
     }
-    let defer_loading = match obj.remove("defer_loading") {
-        None | Some(Value::Null) => Value::Null,
-        Some(b @ Value::Bool(_)) => b,
-        Some(_) => return Err(wrong(at("defer_loading"), "a boolean or null")),
+    let mut flag = |key: &str| match obj.remove(key) {
+        None | Some(Value::Null) => Ok(Value::Null),
+        Some(b @ Value::Bool(_)) => Ok(b),
+        Some(_) => Err(wrong(at(key), "a boolean or null")),
     };
+    let strict = flag("strict")?;
+    let defer_loading = flag("defer_loading")?;
     Ok(json!({
         "type": "function",
         "function": {
             "name": name,
             "description": description,
             "parameters": Value::Object(schema),
+            "strict": strict,
             "defer_loading": defer_loading,
         }
     }))

@@ -310,6 +310,6 @@ fn anthropic_messages_become_chat_fields() {
     );
     assert_eq!(
         pick.tools_json,
-        r#"[{"type":"function","function":{"name":"get","description":null,"parameters":{"properties":{},"type":"object"},"defer_loading":null}}]"#
+        r#"[{"type":"function","function":{"name":"get","description":null,"parameters":{"properties":{},"type":"object"},"strict":null,"defer_loading":null}}]"#
     );
 }

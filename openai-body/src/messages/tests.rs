@@ -19,7 +19,7 @@ fn text(role: &str, t: &str) -> Message {
 }
 
 #[test]
-fn system_string_blocks_and_system_messages_join_without_separator() {
+fn system_blocks_join_and_system_messages_stay_in_place() {
     let chat = convert(json!({
         "model": "m", "max_tokens": 5,
         "system": [
@@ -29,17 +29,39 @@ fn system_string_blocks_and_system_messages_join_without_separator() {
             {"type": "text", "text": "terse."}
         ],
         "messages": [
-            {"role": "system", "content": " Be kind."},
-            {"role": "user", "content": "hi"}
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "kind."}]},
+            {"role": "system", "content": "x-anthropic-billing-header: cc=2;"},
+            {"role": "system", "content": []},
+            {"role": "user", "content": "ok"}
         ]
     }));
     assert_eq!(
         chat.messages,
         vec![
-            text("system", "You are terse. Be kind."),
-            text("user", "hi")
+            text("system", "You are terse."),
+            text("user", "hi"),
+            text("system", "Be kind."),
+            text("user", "ok")
         ]
     );
+}
+
+#[test]
+fn disabled_thinking_means_no_reasoning_effort() {
+    let chat = convert(json!({
+        "model": "m", "max_tokens": 5,
+        "output_config": {"effort": "high"},
+        "thinking": {"type": "disabled"},
+        "messages": [{"role": "user", "content": "q"}]
+    }));
+    assert_eq!(chat.reasoning_effort.as_deref(), Some("none"));
+    let chat = convert(json!({
+        "model": "m", "max_tokens": 5,
+        "thinking": {"type": "enabled", "budget_tokens": 2048},
+        "messages": [{"role": "user", "content": "q"}]
+    }));
+    assert_eq!(chat.reasoning_effort, None);
 }
 
 #[test]
@@ -47,7 +69,7 @@ fn blocks_become_content_reasoning_and_tool_calls() {
     let chat = convert(json!({
         "model": "m", "max_tokens": 5,
         "messages": [
-            {"role": "ctx", "content": [{"type": "text", "text": "one"}]},
+            {"role": "user", "content": [{"type": "text", "text": "one"}]},
             {"role": "user", "content": [
                 {"type": "text", "text": "a"},
                 {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}},
@@ -186,7 +208,7 @@ fn tools_effort_and_top_level_fields() {
             "chat_template_kwargs": {"enable_thinking": false},
             "tools": [
                 {"name": "a", "input_schema": {"properties": {}}},
-                {"name": "b", "description": "d", "input_schema": {"type": "object"}, "defer_loading": true}
+                {"name": "b", "description": "d", "input_schema": {"type": "object"}, "strict": false, "defer_loading": true}
             ],
             "messages": [{"role": "user", "content": "q"}]
         }),
@@ -205,9 +227,9 @@ fn tools_effort_and_top_level_fields() {
         Value::Array(chat.tools.expect("tools")),
         json!([
             {"type": "function", "function": {"name": "a", "description": null,
-                "parameters": {"properties": {}, "type": "object"}, "defer_loading": null}},
+                "parameters": {"properties": {}, "type": "object"}, "strict": null, "defer_loading": null}},
             {"type": "function", "function": {"name": "b", "description": "d",
-                "parameters": {"type": "object"}, "defer_loading": true}}
+                "parameters": {"type": "object"}, "strict": false, "defer_loading": true}}
         ])
     );
 }
@@ -233,6 +255,18 @@ fn bad_fields_are_named() {
             "messages[0].content[0].input",
         ),
         (json!({"messages": [], "system": 3}), "system"),
+        (
+            json!({"messages": [{"role": "ctx", "content": "x"}]}),
+            "messages[0].role",
+        ),
+        (
+            json!({"messages": [{"role": "system", "content": [{"type": "tool_addition"}]}]}),
+            "messages[0].content[0].type",
+        ),
+        (
+            json!({"messages": [], "thinking": {"type": "on"}}),
+            "thinking.type",
+        ),
         (
             json!({"messages": [], "system": [{"type": "text", "text": 1}]}),
             "system[0].text",
