@@ -43,6 +43,9 @@ pub struct ClusterOptions {
     /// above), each in Envoy's indexer cluster, each on its own memory
     /// index fed by every worker's events.
     pub extra_indexers: usize,
+    /// Request paths the filter steers, replacing the local layout's list
+    /// (its chat and completions paths) when set.
+    pub filter_paths: Option<Vec<String>>,
 }
 
 impl ClusterOptions {
@@ -51,6 +54,7 @@ impl ClusterOptions {
             sims: vec![sim; 3],
             scoring_extra: String::new(),
             extra_indexers: 0,
+            filter_paths: None,
         }
     }
 }
@@ -248,6 +252,14 @@ impl Cluster {
 
     async fn start_envoy(&mut self) -> anyhow::Result<()> {
         let mut config = self.paths.root.join("envoy/local/envoy.yaml");
+        if let Some(paths) = &self.opts.filter_paths {
+            let text = std::fs::read_to_string(&config)?;
+            let shipped = r#""paths": ["/v1/chat/completions", "/v1/completions"],"#;
+            anyhow::ensure!(text.contains(shipped), "envoy.yaml: no filter paths");
+            let wanted = format!(r#""paths": {},"#, serde_json::to_string(paths)?);
+            config = self.dir.path().join("envoy.yaml");
+            std::fs::write(&config, text.replace(shipped, &wanted))?;
+        }
         if self.opts.extra_indexers > 0 {
             // The replicas join the first indexer's endpoint in the cluster.
             let text = std::fs::read_to_string(&config)?;
