@@ -641,8 +641,7 @@ async fn anthropic_messages_whole_and_streamed() {
         .filter(|e| !e.is_empty())
         .map(|e| {
             let (kind, data) = e.split_once('\n').unwrap();
-            let data: Value =
-                serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+            let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
             (kind.strip_prefix("event: ").unwrap().to_owned(), data)
         })
         .collect();
@@ -656,7 +655,10 @@ async fn anthropic_messages_whole_and_streamed() {
     let cached = delta["usage"]["cache_read_input_tokens"].as_u64().unwrap();
     // The whole system prompt's full blocks come from the cache.
     assert!(cached >= 16 && cached <= prompt, "{delta}");
-    assert_eq!(delta["usage"]["input_tokens"].as_u64(), Some(prompt - cached));
+    assert_eq!(
+        delta["usage"]["input_tokens"].as_u64(),
+        Some(prompt - cached)
+    );
     assert_eq!(delta["usage"]["output_tokens"], 4);
 
     // Errors take Anthropic's shape.

@@ -80,7 +80,11 @@ fn every_messages_request_matches_vllm() {
 }
 
 fn arguments_as_json(mut req: ChatRequest) -> ChatRequest {
-    for call in req.messages.iter_mut().flat_map(|m| m.tool_calls.iter_mut()) {
+    for call in req
+        .messages
+        .iter_mut()
+        .flat_map(|m| m.tool_calls.iter_mut())
+    {
         call.arguments = call.arguments.as_deref().map(|a| {
             serde_json::from_str::<Value>(a)
                 .expect("arguments are JSON")

@@ -93,7 +93,7 @@ pub(crate) async fn messages(State(state): State<Shared>, body: Bytes) -> Respon
         })
     }
     .await;
-    result.unwrap_or_else(|e| anthropic::error_response(e))
+    result.unwrap_or_else(anthropic::error_response)
 }
 
 async fn generate(state: Shared, api: Api, body: Bytes) -> Result<Response, ApiError> {
