@@ -241,6 +241,7 @@ mod tests {
         let config = FilterConfig::default();
         assert_eq!(config.api_for("/v1/chat/completions"), Some(Api::Chat));
         assert_eq!(config.api_for("/v1/completions"), Some(Api::Completions));
+        assert_eq!(config.api_for("/v1/messages"), Some(Api::Messages));
         assert_eq!(config.api_for("/v1/models"), None);
         config.validate().unwrap();
     }
