@@ -5,12 +5,15 @@ use kvsteer_proto::v1::ApiKind;
 
 use crate::config::{FilterConfig, MAX_TENANT_BYTES};
 use crate::metrics::FailOpenReason;
+use crate::pick::ErrorShape;
 
-/// The OpenAI API a path serves.
+/// The API a path serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Api {
     Chat,
     Completions,
+    /// Anthropic's Messages API (`/v1/messages`), which vLLM serves too.
+    Messages,
 }
 
 /// What the headers say about the request, before any body is seen. The
@@ -72,6 +75,8 @@ impl Api {
             Some(Self::Chat)
         } else if path.ends_with("/completions") {
             Some(Self::Completions)
+        } else if path.ends_with("/messages") {
+            Some(Self::Messages)
         } else {
             None
         }
@@ -81,6 +86,15 @@ impl Api {
         match self {
             Self::Chat => ApiKind::Chat,
             Self::Completions => ApiKind::Completions,
+            Self::Messages => ApiKind::Messages,
+        }
+    }
+
+    /// The error body shape clients of this API expect in a local reply.
+    pub fn error_shape(self) -> ErrorShape {
+        match self {
+            Self::Chat | Self::Completions => ErrorShape::OpenAi,
+            Self::Messages => ErrorShape::Anthropic,
         }
     }
 }
@@ -209,6 +223,11 @@ mod tests {
         assert_eq!(
             classify(&config, &head("/v1/completions?stream=1")),
             HeadersVerdict::Buffer(Api::Completions)
+        );
+        // Claude Code posts to `/v1/messages?beta=true`.
+        assert_eq!(
+            classify(&config, &head("/v1/messages?beta=true")),
+            HeadersVerdict::Buffer(Api::Messages)
         );
         let chunked = RequestHead {
             content_length: None,
@@ -369,8 +388,13 @@ mod tests {
     fn api_follows_the_path_suffix() {
         assert_eq!(Api::for_path("/v1/chat/completions"), Some(Api::Chat));
         assert_eq!(Api::for_path("/x/v1/completions"), Some(Api::Completions));
-        assert_eq!(Api::for_path("/v1/messages"), None);
+        assert_eq!(Api::for_path("/v1/messages"), Some(Api::Messages));
+        assert_eq!(Api::for_path("/v1/messages/count_tokens"), None);
+        assert_eq!(Api::for_path("/v1/models"), None);
         assert_eq!(Api::Chat.kind(), ApiKind::Chat);
         assert_eq!(Api::Completions.kind(), ApiKind::Completions);
+        assert_eq!(Api::Messages.kind(), ApiKind::Messages);
+        assert_eq!(Api::Chat.error_shape(), ErrorShape::OpenAi);
+        assert_eq!(Api::Messages.error_shape(), ErrorShape::Anthropic);
     }
 }

@@ -15,7 +15,7 @@ use crate::admission::Api;
 
 pub const DEFAULT_INDEXER_CLUSTER: &str = "kvsteer_indexer";
 pub const DEFAULT_TIMEOUT_MS: u64 = 200;
-pub const DEFAULT_PATHS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
+pub const DEFAULT_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/messages"];
 pub const DEFAULT_TENANT_HEADER: &str = "x-tenant-id";
 /// A client-sent tenant header is removed unless an earlier Envoy filter
 /// (jwt_authn, a trusted-hop rule) is known to have replaced it: see the
@@ -134,7 +134,9 @@ impl FilterConfig {
             if Api::for_path(path).is_none() {
                 return Err(invalid(
                     "paths",
-                    format!("`{path}` must end with `/chat/completions` or `/completions`"),
+                    format!(
+                        "`{path}` must end with `/chat/completions`, `/completions` or `/messages`"
+                    ),
                 ));
             }
             if self.paths[..i].contains(path) {
@@ -250,6 +252,7 @@ mod tests {
         let config = FilterConfig::default();
         assert_eq!(config.api_for("/v1/chat/completions"), Some(Api::Chat));
         assert_eq!(config.api_for("/v1/completions"), Some(Api::Completions));
+        assert_eq!(config.api_for("/v1/messages"), Some(Api::Messages));
         assert_eq!(config.api_for("/v1/models"), None);
         config.validate().unwrap();
     }

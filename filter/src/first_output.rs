@@ -5,7 +5,12 @@
 //! vLLM's chat stream may open with a chunk that only names the `role`; that
 //! is not output. Output is a choice whose `delta` has a non-empty `content`,
 //! `reasoning` (or the older `reasoning_content`) or `tool_calls` (chat), or
-//! whose `text` is non-empty (completions). Events may be split anywhere
+//! whose `text` is non-empty (completions). On Anthropic's `/v1/messages`
+//! stream (which vLLM converts from its chat stream) `message_start` and
+//! `content_block_start` of a text or thinking block are not output; output
+//! is a `content_block_delta` with a non-empty `text`, `thinking` or
+//! `partial_json`, or the start of a `tool_use` block (vLLM sends the tool's
+//! name there). Events may be split anywhere
 //! across body chunks; the scanner keeps at most `limit` bytes of the event
 //! being read and gives up on a larger one (the caller then reports no
 //! measured time rather than a wrong one).
@@ -154,15 +159,31 @@ fn field_value<'a>(line: &'a [u8], field: &[u8]) -> Option<&'a [u8]> {
     }
 }
 
-/// Whether one event's data is an OpenAI chunk with generated output.
+/// Whether one event's data is an OpenAI chunk or an Anthropic event with
+/// generated output.
 pub fn carries_output(data: &[u8]) -> bool {
     let Ok(Value::Object(chunk)) = serde_json::from_slice::<Value>(data) else {
         return false; // `[DONE]`, keep-alives, or not JSON
     };
-    let Some(Value::Array(choices)) = chunk.get("choices") else {
-        return false;
-    };
-    choices.iter().any(choice_has_output)
+    match chunk.get("choices") {
+        Some(Value::Array(choices)) => choices.iter().any(choice_has_output),
+        _ => anthropic_event_has_output(&chunk),
+    }
+}
+
+fn anthropic_event_has_output(event: &serde_json::Map<String, Value>) -> bool {
+    match event.get("type").and_then(Value::as_str) {
+        Some("content_block_delta") => event.get("delta").is_some_and(|delta| {
+            non_empty_str(delta.get("text"))
+                || non_empty_str(delta.get("thinking"))
+                || non_empty_str(delta.get("partial_json"))
+        }),
+        Some("content_block_start") => event
+            .get("content_block")
+            .and_then(|b| b.get("type"))
+            .is_some_and(|t| t == "tool_use"),
+        _ => false,
+    }
 }
 
 fn choice_has_output(choice: &Value) -> bool {

@@ -1,4 +1,6 @@
-//! The OpenAI request body → the fields of a `PickRequest`.
+//! The OpenAI (or Anthropic `/v1/messages`) request body → the fields of a
+//! `PickRequest`. A messages body arrives as the chat request vLLM converts
+//! it to, with `api = API_KIND_MESSAGES`.
 //!
 //! Parsing is `kvsteer-openai-body`'s, the same parse the indexer's
 //! tokenizer and the simulator use, so `Pick` sees the prompt they see; this
@@ -23,9 +25,16 @@ pub fn parse_pick_request(api: Api, body: &[u8]) -> Result<PickRequest, BodyErro
     let api = match api {
         Api::Chat => kvsteer_openai_body::Api::Chat,
         Api::Completions => kvsteer_openai_body::Api::Completions,
+        Api::Messages => kvsteer_openai_body::Api::Messages,
     };
     let request = kvsteer_openai_body::parse(api, body)?;
-    Ok(pick_request(request, body.len()))
+    let mut pick = pick_request(request, body.len());
+    if api == kvsteer_openai_body::Api::Messages {
+        // Converted to chat fields as vLLM converts it; the kind tells the
+        // indexer where the request came from.
+        pick.api = ApiKind::Messages as i32;
+    }
+    Ok(pick)
 }
 
 /// The `PickRequest` for a parsed body of `body_bytes` bytes. Texts move,

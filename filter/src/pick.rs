@@ -35,17 +35,31 @@ pub enum PickOutcome {
     FailOpen(FailOpenReason),
 }
 
-/// Decodes and interprets the indexer's answer.
-pub fn decide(answer: &[u8]) -> PickOutcome {
+/// The JSON shape of a local reply's error body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorShape {
+    /// `{"error": {"message", "type", "param", "code"}}`.
+    OpenAi,
+    /// `{"type": "error", "error": {"type", "message"}}`, for `/v1/messages`.
+    Anthropic,
+}
+
+/// Decodes and interprets the indexer's answer; a rejection's body takes
+/// `shape`.
+pub fn decide(answer: &[u8], shape: ErrorShape) -> PickOutcome {
     match PickResponse::decode(answer) {
-        Ok(response) => outcome(response),
+        Ok(response) => outcome(response, shape),
         Err(_) => PickOutcome::FailOpen(FailOpenReason::BadAnswer),
     }
 }
 
-fn outcome(response: PickResponse) -> PickOutcome {
+fn outcome(response: PickResponse, shape: ErrorShape) -> PickOutcome {
     if let Some(rejection) = response.rejection {
-        return match rejection_reply(&rejection) {
+        let reply = match shape {
+            ErrorShape::OpenAi => rejection_reply(&rejection),
+            ErrorShape::Anthropic => anthropic_rejection_reply(&rejection),
+        };
+        return match reply {
             Some((status, body)) => PickOutcome::Reject {
                 status,
                 body,
@@ -127,6 +141,52 @@ pub fn rejection_reply(rejection: &Rejection) -> Option<(u32, Vec<u8>)> {
     Some((status, body.to_string().into_bytes()))
 }
 
+/// Status and Anthropic error JSON of a local reply
+/// (`{"type":"error","error":{"type","message"}}`); `None` when the status is
+/// not a client or server error. The error type is the rejection's when it
+/// is one of Anthropic's, else the one Anthropic uses for the status.
+pub fn anthropic_rejection_reply(rejection: &Rejection) -> Option<(u32, Vec<u8>)> {
+    const TYPES: [&str; 9] = [
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "request_too_large",
+        "rate_limit_error",
+        "api_error",
+        "overloaded_error",
+        "timeout_error",
+    ];
+    let status = rejection.status;
+    if !(400..=599).contains(&status) {
+        return None;
+    }
+    let error_type = match TYPES.iter().find(|t| **t == rejection.error_type) {
+        Some(t) => *t,
+        None => match status {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            504 => "timeout_error",
+            503 | 529 => "overloaded_error",
+            400..=499 => "invalid_request_error",
+            _ => "api_error",
+        },
+    };
+    let message = if rejection.message.is_empty() {
+        "request rejected by the router"
+    } else {
+        rejection.message.as_str()
+    };
+    let body = json!({
+        "type": "error",
+        "error": { "type": error_type, "message": message },
+    });
+    Some((status, body.to_string().into_bytes()))
+}
+
 fn default_error_type(status: u32) -> &'static str {
     match status {
         429 => "rate_limit_error",
@@ -176,11 +236,10 @@ mod tests {
 
     #[test]
     fn endpoints_become_the_ordered_header_value() {
-        let outcome = decide(&encode(endpoints(&[
-            "10.0.0.2:8000",
-            "10.0.0.1:8000",
-            "[::1]:9",
-        ])));
+        let outcome = decide(
+            &encode(endpoints(&["10.0.0.2:8000", "10.0.0.1:8000", "[::1]:9"])),
+            ErrorShape::OpenAi,
+        );
         assert_eq!(
             outcome,
             PickOutcome::Forward {
@@ -194,11 +253,14 @@ mod tests {
 
     #[test]
     fn invalid_endpoints_are_dropped_and_none_left_means_no_opinion() {
-        let outcome = decide(&encode(endpoints(&[
-            "worker-1",
-            " 10.0.0.1:80 ",
-            "1.2.3.4:80,5.6.7.8:80",
-        ])));
+        let outcome = decide(
+            &encode(endpoints(&[
+                "worker-1",
+                " 10.0.0.1:80 ",
+                "1.2.3.4:80,5.6.7.8:80",
+            ])),
+            ErrorShape::OpenAi,
+        );
         assert_eq!(
             outcome,
             PickOutcome::Forward {
@@ -210,7 +272,7 @@ mod tests {
         );
         for answer in [endpoints(&[]), endpoints(&["", "host:port"])] {
             assert_eq!(
-                decide(&encode(answer)),
+                decide(&encode(answer), ErrorShape::OpenAi),
                 PickOutcome::Forward {
                     destination: None,
                     replacement_body: None,
@@ -225,13 +287,17 @@ mod tests {
     fn the_answering_replica_is_kept_when_it_is_an_address() {
         let mut answer = endpoints(&["10.0.0.1:8000"]);
         answer.replica = " 10.1.0.7:9090 ".into();
-        let PickOutcome::Forward { replica, .. } = decide(&encode(answer.clone())) else {
+        let PickOutcome::Forward { replica, .. } =
+            decide(&encode(answer.clone()), ErrorShape::OpenAi)
+        else {
             panic!("expected a forward");
         };
         assert_eq!(replica.as_deref(), Some("10.1.0.7:9090"));
         for bad in ["", "indexer-0", "10.1.0.7"] {
             answer.replica = bad.into();
-            let PickOutcome::Forward { replica, .. } = decide(&encode(answer.clone())) else {
+            let PickOutcome::Forward { replica, .. } =
+                decide(&encode(answer.clone()), ErrorShape::OpenAi)
+            else {
                 panic!("expected a forward");
             };
             assert_eq!(replica, None, "{bad:?}");
@@ -245,7 +311,7 @@ mod tests {
         let PickOutcome::Forward {
             replacement_body: Some(body),
             ..
-        } = decide(&encode(answer))
+        } = decide(&encode(answer), ErrorShape::OpenAi)
         else {
             panic!("expected a replacement body");
         };
@@ -269,7 +335,7 @@ mod tests {
             status,
             body,
             retry_after_s,
-        } = decide(&encode(answer))
+        } = decide(&encode(answer), ErrorShape::OpenAi)
         else {
             panic!("expected a rejection");
         };
@@ -322,7 +388,8 @@ mod tests {
     fn the_salt_is_added_as_the_last_key() {
         let mut answer = endpoints(&["127.0.0.1:8001"]);
         answer.cache_salt = "kvsteer-00ff".into();
-        let PickOutcome::Forward { cache_salt, .. } = decide(&encode(answer)) else {
+        let PickOutcome::Forward { cache_salt, .. } = decide(&encode(answer), ErrorShape::OpenAi)
+        else {
             panic!("expected a forward");
         };
         assert_eq!(cache_salt.as_deref(), Some("kvsteer-00ff"));
@@ -366,16 +433,16 @@ mod tests {
             ..Rejection::default()
         });
         assert_eq!(
-            decide(&encode(answer)),
+            decide(&encode(answer), ErrorShape::OpenAi),
             PickOutcome::FailOpen(FailOpenReason::BadAnswer)
         );
         assert_eq!(
-            decide(&[0xff, 0xff, 0xff]),
+            decide(&[0xff, 0xff, 0xff], ErrorShape::OpenAi),
             PickOutcome::FailOpen(FailOpenReason::BadAnswer)
         );
         // An empty message is a valid, empty answer: no opinion.
         assert_eq!(
-            decide(&[]),
+            decide(&[], ErrorShape::OpenAi),
             PickOutcome::Forward {
                 destination: None,
                 replacement_body: None,
@@ -383,5 +450,50 @@ mod tests {
                 cache_salt: None,
             }
         );
+    }
+
+    /// A `/v1/messages` rejection answers in Anthropic's error shape, with
+    /// the status, message and (Anthropic) type of the rejection.
+    #[test]
+    fn anthropic_rejections_take_anthropic_shape() {
+        let mut answer = endpoints(&["127.0.0.1:8001"]);
+        answer.rejection = Some(Rejection {
+            status: 429,
+            message: "tenant over budget".into(),
+            error_type: "rate_limit_exceeded".into(),
+        });
+        let PickOutcome::Reject { status, body, .. } =
+            decide(&encode(answer.clone()), ErrorShape::Anthropic)
+        else {
+            panic!("a rejection")
+        };
+        assert_eq!(status, 429);
+        assert_eq!(
+            String::from_utf8(body).unwrap(),
+            r#"{"type":"error","error":{"type":"rate_limit_error","message":"tenant over budget"}}"#
+        );
+        let typed = |status, error_type: &str| {
+            let (_, body) = anthropic_rejection_reply(&Rejection {
+                status,
+                message: String::new(),
+                error_type: error_type.into(),
+            })
+            .unwrap();
+            let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(json["error"]["message"], "request rejected by the router");
+            json["error"]["type"].as_str().unwrap().to_owned()
+        };
+        assert_eq!(typed(400, ""), "invalid_request_error");
+        assert_eq!(typed(503, ""), "overloaded_error");
+        assert_eq!(typed(500, "server_error"), "api_error");
+        assert_eq!(typed(400, "request_too_large"), "request_too_large");
+        assert_eq!(typed(413, ""), "request_too_large");
+        assert!(anthropic_rejection_reply(&Rejection::default()).is_none());
+        // The same answer on a chat path keeps OpenAI's shape.
+        let PickOutcome::Reject { body, .. } = decide(&encode(answer), ErrorShape::OpenAi) else {
+            panic!("a rejection")
+        };
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["error"]["code"], 429);
     }
 }

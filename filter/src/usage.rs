@@ -4,6 +4,12 @@
 //! vLLM puts usage in the last data chunk of a stream (with
 //! `stream_options.include_usage`) and near the end of a JSON response, so the
 //! last `"usage"` whose value is an object within the tail is the one.
+//!
+//! Anthropic's `/v1/messages` (as vLLM 0.32 serves it) splits the prompt
+//! into `input_tokens` (not cached), `cache_read_input_tokens` and
+//! `cache_creation_input_tokens`, and counts `output_tokens`; its stream's
+//! last usage is in `message_delta` (the one in `message_start` has no
+//! output yet).
 
 use kvsteer_proto::v1::Usage;
 use serde_json::Value;
@@ -80,15 +86,33 @@ fn usage_at(rest: &[u8]) -> Option<Usage> {
     let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<Value>();
     let value = values.next()?.ok()?;
     let count = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
-    let prompt_tokens = value.get("prompt_tokens").and_then(count)?;
+    if let Some(prompt_tokens) = value.get("prompt_tokens").and_then(count) {
+        return Some(Usage {
+            prompt_tokens,
+            completion_tokens: value.get("completion_tokens").and_then(count).unwrap_or(0),
+            cached_tokens: value
+                .get("prompt_tokens_details")
+                .and_then(|d| d.get("cached_tokens"))
+                .and_then(count)
+                .unwrap_or(0),
+        });
+    }
+    // Anthropic's prompt is input + cache reads + cache writes.
+    let input_tokens = value.get("input_tokens").and_then(count)?;
+    let cache_read = value
+        .get("cache_read_input_tokens")
+        .and_then(count)
+        .unwrap_or(0);
+    let cache_creation = value
+        .get("cache_creation_input_tokens")
+        .and_then(count)
+        .unwrap_or(0);
     Some(Usage {
-        prompt_tokens,
-        completion_tokens: value.get("completion_tokens").and_then(count).unwrap_or(0),
-        cached_tokens: value
-            .get("prompt_tokens_details")
-            .and_then(|d| d.get("cached_tokens"))
-            .and_then(count)
-            .unwrap_or(0),
+        prompt_tokens: input_tokens
+            .saturating_add(cache_read)
+            .saturating_add(cache_creation),
+        completion_tokens: value.get("output_tokens").and_then(count).unwrap_or(0),
+        cached_tokens: cache_read,
     })
 }
 
@@ -155,6 +179,47 @@ mod tests {
             Some(Usage {
                 prompt_tokens: 7,
                 completion_tokens: 1,
+                cached_tokens: 0
+            })
+        );
+    }
+
+    /// vLLM's `/v1/messages` stream: `message_start` carries the input
+    /// count, `message_delta` (the last usage) the output count too.
+    #[test]
+    fn finds_anthropic_usage_in_stream_and_response() {
+        let stream = concat!(
+            "event: message_start\n",
+            "data: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[],",
+            "\"usage\":{\"input_tokens\":40,\"output_tokens\":0}}}\n\n",
+            "event: content_block_delta\n",
+            "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"x\"}}\n\n",
+            "event: message_delta\n",
+            "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},",
+            "\"usage\":{\"input_tokens\":8,\"output_tokens\":5,\"cache_read_input_tokens\":32}}\n\n",
+            "event: message_stop\n",
+            "data: {\"type\":\"message_stop\"}\n\n",
+        );
+        let mut scanner = UsageScanner::default();
+        scanner.push(stream.as_bytes());
+        assert_eq!(
+            scanner.usage(),
+            Some(Usage {
+                prompt_tokens: 40,
+                completion_tokens: 5,
+                cached_tokens: 32
+            })
+        );
+        let body = r#"{"id":"m","type":"message","role":"assistant","content":[{"type":"text","text":"hi"}],
+            "model":"m","stop_reason":"end_turn","stop_sequence":null,
+            "usage":{"input_tokens":12,"output_tokens":2}}"#;
+        let mut scanner = UsageScanner::default();
+        scanner.push(body.as_bytes());
+        assert_eq!(
+            scanner.usage(),
+            Some(Usage {
+                prompt_tokens: 12,
+                completion_tokens: 2,
                 cached_tokens: 0
             })
         );

@@ -63,6 +63,8 @@ enum Command {
 enum Endpoint {
     Chat,
     Completions,
+    /// Anthropic `/v1/messages`, converted to chat as vLLM does.
+    Messages,
 }
 
 fn main() -> std::process::ExitCode {
@@ -199,6 +201,7 @@ fn tokenize(
         .with_context(|| format!("{} is not JSON", request.display()))?;
     let ids = match endpoint {
         Endpoint::Chat => json!(tok.chat_token_ids(&ChatRequest::from_openai(&body)?)?),
+        Endpoint::Messages => json!(tok.chat_token_ids(&ChatRequest::from_anthropic(&body)?)?),
         Endpoint::Completions => {
             let prompt = CompletionPrompt::from_openai(&body)?;
             let special = match body.get("add_special_tokens") {

@@ -97,7 +97,9 @@ pub enum PromptError {
 /// Converts the proto fields; errors name the field.
 pub fn from_proto(req: &pb::PickRequest) -> Result<Prompt, PromptError> {
     match pb::ApiKind::try_from(req.api) {
-        Ok(pb::ApiKind::Chat) => chat(req).map(Prompt::Chat),
+        // A `/v1/messages` body arrives converted to chat by the filter
+        // (`kvsteer-openai-body`), exactly as vLLM converts it.
+        Ok(pb::ApiKind::Chat | pb::ApiKind::Messages) => chat(req).map(Prompt::Chat),
         Ok(pb::ApiKind::Completions) => {
             let kind = req
                 .prompt
@@ -340,7 +342,28 @@ mod tests {
                 add_special_tokens: Some(false),
             }
         );
+        r.api = pb::ApiKind::Unspecified as i32;
+        assert_eq!(from_proto(&r), Err(PromptError::UnsupportedApi(0)));
+        r.api = 9;
+        assert_eq!(from_proto(&r), Err(PromptError::UnsupportedApi(9)));
+    }
+
+    /// The filter sends a `/v1/messages` body already converted to chat:
+    /// it reads exactly as the same messages sent as chat.
+    #[test]
+    fn messages_read_as_chat() {
+        let mut r = pb::PickRequest {
+            api: pb::ApiKind::Chat as i32,
+            messages: vec![pb::ChatMessage {
+                role: "user".into(),
+                content: Some(pb::chat_message::Content::Text("hi".into())),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let chat = from_proto(&r).unwrap();
+        assert!(matches!(chat, Prompt::Chat(_)));
         r.api = pb::ApiKind::Messages as i32;
-        assert_eq!(from_proto(&r), Err(PromptError::UnsupportedApi(3)));
+        assert_eq!(from_proto(&r).unwrap(), chat);
     }
 }

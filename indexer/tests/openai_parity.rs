@@ -38,6 +38,7 @@ fn direct(api: Api, body: &[u8]) -> Prompt {
     let body: Value = serde_json::from_slice(body).expect("JSON body");
     match api {
         Api::Chat => Prompt::Chat(ChatRequest::from_openai(&body).expect("chat body")),
+        Api::Messages => Prompt::Chat(ChatRequest::from_anthropic(&body).expect("messages body")),
         Api::Completions => Prompt::Completion {
             prompt: CompletionPrompt::from_openai(&body).expect("completions body"),
             add_special_tokens: body.get("add_special_tokens").and_then(Value::as_bool),
@@ -231,4 +232,34 @@ fn random_bodies_read_alike_through_both_paths() {
             "{bytes}"
         );
     }
+}
+
+/// Every `/v1/messages` fixture (ids from vLLM 0.32's own conversion, see
+/// `tokenize/tests/messages/README.md`) gives those ids through the filter's
+/// pick (`API_KIND_MESSAGES`) and directly.
+#[test]
+fn every_messages_fixture_gives_vllms_ids_through_both_paths() {
+    let tok = qwen3();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenize/tests/messages");
+    let expected = std::fs::read_to_string(dir.join("expected.jsonl")).expect("expected.jsonl");
+    let mut checked = 0;
+    for line in expected.lines().filter(|l| !l.trim().is_empty()) {
+        let want: Value = serde_json::from_str(line).expect("expected line");
+        let file = want["file"].as_str().expect("file");
+        let want_ids: Vec<u32> = serde_json::from_value(want["token_ids"].clone()).expect("ids");
+        let body = std::fs::read(dir.join(file)).expect("request file");
+        let picked = via_pick(Api::Messages, &body);
+        assert_eq!(
+            ids(&tok, &picked),
+            vec![want_ids.clone()],
+            "{file} via pick"
+        );
+        assert_eq!(
+            ids(&tok, &direct(Api::Messages, &body)),
+            vec![want_ids],
+            "{file} direct"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 8);
 }

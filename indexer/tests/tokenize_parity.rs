@@ -38,6 +38,42 @@ fn tokenize_matches_every_parity_file() {
     assert_eq!(checked, 20);
 }
 
+/// `--endpoint messages` prints the ids of `tokenize/tests/messages/`
+/// (vLLM 0.32's conversion of each Anthropic body).
+#[test]
+fn tokenize_messages_matches_every_fixture() {
+    let dir = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tokenize/tests/messages"
+    ));
+    let expected = std::fs::read_to_string(dir.join("expected.jsonl")).expect("expected.jsonl");
+    let mut checked = 0;
+    for line in expected.lines().filter(|l| !l.trim().is_empty()) {
+        let want: Value = serde_json::from_str(line).expect("expected line");
+        let file = want["file"].as_str().expect("file");
+        let out = Command::new(env!("CARGO_BIN_EXE_kvsteer-indexer"))
+            .args(["tokenize", "--endpoint", "messages", "--tokenizer"])
+            .arg(shared().join("tokenizers/qwen3"))
+            .arg("--request")
+            .arg(dir.join(file))
+            .output()
+            .expect("run kvsteer-indexer");
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+        assert_eq!(
+            got,
+            serde_json::json!({"token_ids": want["token_ids"]}),
+            "{file}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 8);
+}
+
 #[test]
 fn tokenize_reports_bad_requests() {
     let tmp = tempfile::NamedTempFile::new().unwrap();

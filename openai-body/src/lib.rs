@@ -19,6 +19,7 @@
 mod chat;
 mod error;
 mod field;
+mod messages;
 mod prompt;
 
 use serde_json::Value;
@@ -34,6 +35,9 @@ pub enum Api {
     Chat,
     /// `POST /v1/completions`.
     Completions,
+    /// `POST /v1/messages` (Anthropic): converted to the chat request vLLM
+    /// makes of it, so its input is [`Input::Chat`].
+    Messages,
 }
 
 /// A parsed request body.
@@ -45,7 +49,7 @@ pub struct Request {
     pub stream: bool,
     /// Chat: `max_completion_tokens`, else `max_tokens` (vLLM's
     /// `max_completion_tokens or max_tokens`: 0 counts as unset);
-    /// completions: `max_tokens`.
+    /// completions and messages: `max_tokens`.
     pub max_tokens: Option<u32>,
     pub add_special_tokens: Option<bool>,
     pub cache_salt: Option<String>,
@@ -73,12 +77,19 @@ pub fn from_value(api: Api, body: Value) -> Result<Request, BodyError> {
     let input = match api {
         Api::Chat => Input::Chat(chat::chat(&mut obj)?),
         Api::Completions => Input::Completion(prompt::prompt(obj.remove("prompt"))?),
+        Api::Messages => Input::Chat(messages::messages(&mut obj)?),
+    };
+    // vLLM's Anthropic request has no `add_special_tokens`: the field is
+    // ignored there, and so here.
+    let add_special_tokens = match api {
+        Api::Messages => None,
+        Api::Chat | Api::Completions => field::boolean(&obj, "add_special_tokens")?,
     };
     Ok(Request {
         model: field::string(&mut obj, "model", field::At::Top)?.unwrap_or_default(),
         stream: field::boolean(&obj, "stream")?.unwrap_or(false),
         max_tokens: max_tokens(api, &obj)?,
-        add_special_tokens: field::boolean(&obj, "add_special_tokens")?,
+        add_special_tokens,
         cache_salt: field::string(&mut obj, "cache_salt", field::At::Top)?,
         input,
     })

@@ -779,4 +779,81 @@ async fn sha256_cbor_publishes_vllm_block_hashes() {
         let want = u64::from_be_bytes(parent[24..].try_into().unwrap());
         assert_eq!(published[i], want, "block {i}");
     }
+
+/// `/v1/messages`: the prompt is the chat conversion's (same ids as the
+/// chat body vLLM converts it to), a repeat hits the cache and reports it as
+/// Anthropic `cache_read_input_tokens`, and a stream carries vLLM's events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_messages_whole_and_streamed() {
+    let h = Harness::start(config(4096, 4096)).await;
+    let system = long_system_prompt();
+    let body = |stream: bool| {
+        json!({
+            "model": "sim-model", "max_tokens": 4, "stream": stream,
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: cch=1;"},
+                       {"type": "text", "text": system}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}],
+        })
+        .to_string()
+    };
+    let (status, first) = h.post("/v1/messages", &body(false)).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["type"], "message");
+    assert_eq!(first["role"], "assistant");
+    assert_eq!(first["stop_reason"], "max_tokens");
+    let usage = &first["usage"];
+    assert_eq!(usage["output_tokens"], 4);
+    assert_eq!(usage["cache_read_input_tokens"], 0);
+    let prompt = usage["input_tokens"].as_u64().unwrap();
+    // The same prompt as the chat request it converts to.
+    let chat = json!({"model": "sim-model", "max_tokens": 1,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "hello"}]});
+    let (_, chat) = h.post("/v1/chat/completions", &chat.to_string()).await;
+    assert_eq!(chat["usage"]["prompt_tokens"].as_u64().unwrap(), prompt);
+
+    let resp = timeout(
+        WAIT,
+        h.http
+            .post(format!("{}/v1/messages", h.base))
+            .body(body(true))
+            .send(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let events: Vec<(String, Value)> = text
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let (kind, data) = e.split_once('\n').unwrap();
+            let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+            (kind.strip_prefix("event: ").unwrap().to_owned(), data)
+        })
+        .collect();
+    assert_eq!(events.first().unwrap().0, "message_start");
+    assert_eq!(events.last().unwrap().0, "message_stop");
+    assert_eq!(
+        events[0].1["message"]["usage"]["input_tokens"].as_u64(),
+        Some(prompt)
+    );
+    let (_, delta) = events.iter().find(|(k, _)| k == "message_delta").unwrap();
+    let cached = delta["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    // The whole system prompt's full blocks come from the cache.
+    assert!(cached >= 16 && cached <= prompt, "{delta}");
+    assert_eq!(
+        delta["usage"]["input_tokens"].as_u64(),
+        Some(prompt - cached)
+    );
+    assert_eq!(delta["usage"]["output_tokens"], 4);
+
+    // Errors take Anthropic's shape.
+    let (status, err) = h
+        .post("/v1/messages", r#"{"model":"sim-model","messages":[]}"#)
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!(err["type"], "error");
+    assert_eq!(err["error"]["type"], "invalid_request_error");
+    h.server.shutdown().await;
 }

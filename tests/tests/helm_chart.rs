@@ -832,7 +832,12 @@ fn standalone_routes_close_admin_paths(r: &Rendered, text: &str) {
     } else {
         vec![]
     };
-    for path in ["/v1/chat/completions", "/v1/completions", "/v1/models"] {
+    for path in [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/models",
+    ] {
         assert_eq!(
             route_for(routes, path),
             Some("vllm_workers"),

@@ -19,7 +19,17 @@ use crate::request::{ChatMessage, ChatRequest, CompletionPrompt, Content, Conten
 impl ChatRequest {
     /// Reads a `/v1/chat/completions` body.
     pub fn from_openai(body: &Value) -> Result<ChatRequest, Error> {
-        let request = parsed::from_value(parsed::Api::Chat, body.clone()).map_err(invalid)?;
+        Self::from_api(parsed::Api::Chat, body)
+    }
+
+    /// Reads a `/v1/messages` (Anthropic) body: the chat request vLLM
+    /// converts it to.
+    pub fn from_anthropic(body: &Value) -> Result<ChatRequest, Error> {
+        Self::from_api(parsed::Api::Messages, body)
+    }
+
+    fn from_api(api: parsed::Api, body: &Value) -> Result<ChatRequest, Error> {
+        let request = parsed::from_value(api, body.clone()).map_err(invalid)?;
         match request.input {
             Input::Chat(chat) => Ok(ChatRequest::from_body(chat, request.add_special_tokens)),
             Input::Completion(_) => Err(Error::invalid("not a chat request")),

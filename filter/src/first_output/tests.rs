@@ -198,3 +198,48 @@ proptest! {
         }
     }
 }
+
+/// vLLM's `/v1/messages` stream: `message_start` and the empty start of a
+/// text block are not output; the first `content_block_delta` with text is.
+#[test]
+fn anthropic_stream_output_is_the_first_content_delta() {
+    let start = concat!(
+        "event: message_start\n",
+        "data: {\"type\":\"message_start\",\"message\":{\"id\":\"chatcmpl-1\",\"type\":\"message\",",
+        "\"role\":\"assistant\",\"content\":[],\"model\":\"m\",\"stop_reason\":null,",
+        "\"stop_sequence\":null,\"usage\":{\"input_tokens\":9,\"output_tokens\":0}}}\n\n",
+        "event: content_block_start\n",
+        "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        "event: ping\ndata: {\"type\":\"ping\"}\n\n",
+        "event: content_block_delta\n",
+        "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"\"}}\n\n",
+    );
+    let mut s = FirstOutputScanner::default();
+    assert_eq!(s.push(start.as_bytes()), Scan::Scanning);
+    let delta = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n";
+    assert_eq!(s.push(delta.as_bytes()), Scan::Output);
+
+    for event in [
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hm"}}"#,
+        r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a\""}}"#,
+        r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}"#,
+    ] {
+        assert_eq!(
+            scan_all(format!("data: {event}\n\n").as_bytes()),
+            Scan::Output,
+            "{event}"
+        );
+    }
+    for event in [
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"abc"}}"#,
+        r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":9,"output_tokens":3}}"#,
+        r#"{"type":"message_stop"}"#,
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}"#,
+    ] {
+        assert_eq!(
+            scan_all(format!("data: {event}\n\n").as_bytes()),
+            Scan::Scanning,
+            "{event}"
+        );
+    }
+}

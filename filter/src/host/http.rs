@@ -37,6 +37,7 @@ enum Phase {
     Buffering { api: Api, start: Option<BodyStart> },
     /// Waiting for the `Pick` answer sent at `sent_at`; the body is `body_len` bytes.
     AwaitingPick {
+        api: Api,
         token: u32,
         body_len: usize,
         sent_at: Option<SystemTime>,
@@ -45,6 +46,7 @@ enum Phase {
 
 /// A `Pick` call's end, as the host reported it.
 struct PickAnswer {
+    api: Api,
     status: u32,
     size: usize,
     body_len: usize,
@@ -190,6 +192,7 @@ impl KvsteerHttp {
                 }
                 self.tracker.pick_sent();
                 self.phase = Phase::AwaitingPick {
+                    api,
                     token,
                     body_len,
                     sent_at,
@@ -210,6 +213,7 @@ impl KvsteerHttp {
 
     fn on_pick_answer(&mut self, shared: &Shared, answer: PickAnswer) {
         let PickAnswer {
+            api,
             status,
             size,
             body_len,
@@ -234,7 +238,7 @@ impl KvsteerHttp {
             return self.resume();
         }
         let answer = calls::buffer(BufferType::GrpcReceiveBuffer, 0, size).unwrap_or_default();
-        let end = match pick::decide(&answer) {
+        let end = match pick::decide(&answer, api.error_shape()) {
             PickOutcome::Reject {
                 status,
                 body,
@@ -419,6 +423,7 @@ impl Context for KvsteerHttp {
         };
         // Only picks are dispatched from here (reports go out from the root).
         if let Phase::AwaitingPick {
+            api,
             token,
             body_len,
             sent_at,
@@ -426,6 +431,7 @@ impl Context for KvsteerHttp {
             && token == token_id
         {
             let answer = PickAnswer {
+                api,
                 status: status_code,
                 size: response_size,
                 body_len,

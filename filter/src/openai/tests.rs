@@ -274,3 +274,42 @@ fn malformed_bodies_are_errors() {
         assert_eq!(error(api, body).field(), Some(field), "{body}");
     }
 }
+
+/// A `/v1/messages` body reaches the indexer as the chat request vLLM
+/// converts it to, marked `API_KIND_MESSAGES`.
+#[test]
+fn anthropic_messages_become_chat_fields() {
+    let body = r#"{"model":"claude","max_tokens":64,"stream":true,"cache_salt":"s",
+        "system":"Be brief.",
+        "tools":[{"name":"get","input_schema":{"properties":{}}}],
+        "messages":[
+            {"role":"user","content":"hi"},
+            {"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"get","input":{"q":1}}]},
+            {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"tool_reference","tool_name":"get"}]}]}
+        ]}"#;
+    let pick = parse_pick_request(Api::Messages, body.as_bytes()).expect("messages body parses");
+    assert_eq!(pick.api, ApiKind::Messages as i32);
+    assert_eq!(pick.model, "claude");
+    assert_eq!(pick.max_tokens, Some(64));
+    assert!(pick.stream);
+    assert_eq!(pick.cache_salt, "s");
+    let roles: Vec<&str> = pick.messages.iter().map(|m| m.role.as_str()).collect();
+    assert_eq!(roles, ["system", "user", "assistant", "tool", "tool"]);
+    assert_eq!(
+        pick.messages[2].tool_calls[0].arguments.as_deref(),
+        Some(r#"{"q":1}"#)
+    );
+    assert_eq!(
+        pick.messages[4].content,
+        Some(chat_message::Content::Parts(ContentParts {
+            parts: vec![ContentPart {
+                r#type: "tool_reference".into(),
+                text: Some("get".into()),
+            }],
+        }))
+    );
+    assert_eq!(
+        pick.tools_json,
+        r#"[{"type":"function","function":{"name":"get","description":null,"parameters":{"properties":{},"type":"object"},"strict":null,"defer_loading":null}}]"#
+    );
+}

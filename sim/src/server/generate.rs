@@ -12,6 +12,7 @@ use kvsteer_tokenize::{ChatRequest, CompletionPrompt};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
+use super::anthropic;
 use super::engine_loop::{Command, Delta, Finish, STREAM_CAPACITY};
 use super::error::ApiError;
 use super::openai::{Api, ResponseMeta, SSE_DONE, SamplingParams, sse_data, with_token_ids};
@@ -36,6 +37,10 @@ pub(crate) async fn prompt_ids(
         match api {
             Api::Chat => {
                 let req = ChatRequest::from_openai(&body).map_err(tokenize_error)?;
+                tok.chat_token_ids(&req).map_err(tokenize_error)
+            }
+            Api::Messages => {
+                let req = ChatRequest::from_anthropic(&body).map_err(tokenize_error)?;
                 tok.chat_token_ids(&req).map_err(tokenize_error)
             }
             Api::Completions => {
@@ -78,8 +83,51 @@ pub(crate) async fn completions(State(state): State<Shared>, body: Bytes) -> Res
         .unwrap_or_else(IntoResponse::into_response)
 }
 
+pub(crate) async fn messages(State(state): State<Shared>, body: Bytes) -> Response {
+    let result = async {
+        let started = admit(state.clone(), Api::Messages, body).await?;
+        Ok::<_, ApiError>(if started.params.stream {
+            anthropic::stream_response(state, started.meta, started.prompt_tokens, started.rx)
+        } else {
+            anthropic::collect_response(state, started.meta, started.rx).await?
+        })
+    }
+    .await;
+    result.unwrap_or_else(anthropic::error_response)
+}
+
 async fn generate(state: Shared, api: Api, body: Bytes) -> Result<Response, ApiError> {
+    let Started {
+        meta,
+        params,
+        kept_prompt,
+        rx,
+        ..
+    } = admit(state.clone(), api, body).await?;
+    if params.stream {
+        Ok(stream_response(state, meta, params, rx))
+    } else {
+        collect_response(state, meta, kept_prompt, rx).await
+    }
+}
+
+/// A request the engine accepted: its response metadata, parameters, the
+/// prompt ids when a whole response returns them, and its token stream.
+pub(crate) struct Started {
+    pub meta: ResponseMeta,
+    pub params: SamplingParams,
+    pub prompt_tokens: usize,
+    kept_prompt: Option<Vec<u32>>,
+    pub rx: mpsc::Receiver<Delta>,
+}
+
+/// Parses, tokenizes and hands a request to the engine loop.
+async fn admit(state: Shared, api: Api, body: Bytes) -> Result<Started, ApiError> {
     let body = parse_json(&body)?;
+    if api == Api::Messages && !matches!(body.get("max_tokens"), Some(Value::Number(_))) {
+        // Required by vLLM's Anthropic request model.
+        return Err(ApiError::bad_request("`max_tokens` is required"));
+    }
     let params = SamplingParams::from_body(api, &body)?;
     let lora = state.check_model(params.model.as_deref())?;
     let prompt = prompt_ids(&state, api, body).await?;
@@ -126,7 +174,7 @@ async fn generate(state: Shared, api: Api, body: Bytes) -> Result<Response, ApiE
         Err(_) => return Err(ApiError::unavailable("the engine loop has stopped")),
     }
     let prefix = match api {
-        Api::Chat => "chatcmpl",
+        Api::Chat | Api::Messages => "chatcmpl",
         Api::Completions => "cmpl",
     };
     let meta = ResponseMeta {
@@ -135,15 +183,17 @@ async fn generate(state: Shared, api: Api, body: Bytes) -> Result<Response, ApiE
         created: unix_now(),
         model: state.model.clone(),
     };
-    if params.stream {
-        Ok(stream_response(state, meta, params, stream_rx))
-    } else {
-        collect_response(state, meta, kept_prompt, stream_rx).await
-    }
+    Ok(Started {
+        meta,
+        params,
+        prompt_tokens,
+        kept_prompt,
+        rx: stream_rx,
+    })
 }
 
 /// The text of a generated (filler) token.
-fn text_of(state: &Shared, id: u32) -> &str {
+pub(crate) fn text_of(state: &Shared, id: u32) -> &str {
     state.token_text.get(&id).map_or("", String::as_str)
 }
 

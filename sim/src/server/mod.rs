@@ -5,6 +5,7 @@
 //! loop (`engine_loop`) steps the core, publishes the step's events and
 //! streams tokens back over a bounded channel → SSE or JSON (`openai`).
 
+mod anthropic;
 mod engine_loop;
 mod error;
 mod generate;

@@ -11,6 +11,9 @@ use crate::engine::{FinishReason, Usage};
 pub enum Api {
     Chat,
     Completions,
+    /// Anthropic `/v1/messages`: generated as the chat request vLLM converts
+    /// it to, answered in Anthropic's shapes (`super::anthropic`).
+    Messages,
 }
 
 /// The generation-deciding fields of a body.
@@ -150,8 +153,8 @@ pub fn usage_json(u: &Usage) -> Value {
 impl ResponseMeta {
     fn object(&self, stream: bool) -> &'static str {
         match (self.api, stream) {
-            (Api::Chat, false) => "chat.completion",
-            (Api::Chat, true) => "chat.completion.chunk",
+            (Api::Chat | Api::Messages, false) => "chat.completion",
+            (Api::Chat | Api::Messages, true) => "chat.completion.chunk",
             (Api::Completions, _) => "text_completion",
         }
     }
@@ -159,7 +162,7 @@ impl ResponseMeta {
     /// A whole non-streaming response.
     pub fn full(&self, text: &str, reason: FinishReason, usage: &Usage) -> Value {
         let choice = match self.api {
-            Api::Chat => json!({
+            Api::Chat | Api::Messages => json!({
                 "index": 0,
                 "message": {
                     "role": "assistant",
@@ -213,7 +216,7 @@ impl ResponseMeta {
         reason: Option<FinishReason>,
     ) -> Value {
         let choice = match self.api {
-            Api::Chat => {
+            Api::Chat | Api::Messages => {
                 let mut delta = Map::new();
                 if role {
                     delta.insert("role".into(), "assistant".into());

@@ -133,6 +133,7 @@ pub(crate) fn router(state: Shared) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completions))
+        .route("/v1/messages", post(generate::messages))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
