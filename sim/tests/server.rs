@@ -779,6 +779,7 @@ async fn sha256_cbor_publishes_vllm_block_hashes() {
         let want = u64::from_be_bytes(parent[24..].try_into().unwrap());
         assert_eq!(published[i], want, "block {i}");
     }
+}
 
 /// `/v1/messages`: the prompt is the chat conversion's (same ids as the
 /// chat body vLLM converts it to), a repeat hits the cache and reports it as
