@@ -27,6 +27,7 @@ use std::process::Command;
 use kvsteer_e2e::manifests::{documents, merge, root, str_at, tool, walk, wasm};
 use kvsteer_filter::config::FilterConfig;
 use kvsteer_indexer::config::{Config as IndexerConfig, DebugAccess};
+use kvsteer_indexer::tenancy::policy::Isolation;
 use serde_json::{Value, json};
 
 const RELEASE: &str = "kvsteer";
@@ -141,6 +142,15 @@ const CASES: &[Case] = &[
         set: &[
             "indexer.debug=token",
             "indexer.debugTokenSecret.name=kvsteer-admin-token",
+        ],
+    },
+    Case {
+        name: "standalone, a salted tenant and a budgeted one",
+        values: "values-standalone.yaml",
+        set: &[
+            "tenants.overrides.team-a.isolation=salted",
+            "tenants.overrides.team-b.budget.tokens_per_minute=4000",
+            "indexer.saltSecret.name=kvsteer-salt",
         ],
     },
     Case {
@@ -465,6 +475,25 @@ fn indexer_config_loads(r: &Rendered) {
             r.case
         ),
         None => assert_ne!(want, DebugAccess::Token, "{}: no token env", r.case),
+    }
+    // A salted tenant's secret comes from its Secret, and the policy
+    // reaches the indexer's config.
+    let salt_env = c["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "KVSTEER_SALT_SECRET");
+    if r.case.contains("salted tenant") {
+        let env = salt_env.expect("KVSTEER_SALT_SECRET");
+        assert_eq!(env["valueFrom"]["secretKeyRef"]["name"], "kvsteer-salt");
+        let a = &cfg.tenants.overrides["team-a"];
+        assert_eq!(a.isolation, Some(Isolation::Salted));
+        let b = cfg.tenants.overrides["team-b"]
+            .budget
+            .expect("team-b budget");
+        assert_eq!(b.tokens_per_minute, Some(4000));
+    } else {
+        assert!(salt_env.is_none(), "{}", r.case);
     }
     let args: Vec<&str> = c["args"]
         .as_array()
@@ -1327,6 +1356,13 @@ fn bad_values_are_refused_with_a_reason() {
             (
                 &["indexer.debug=token"][..],
                 "indexer.debugTokenSecret.name",
+            ),
+        ),
+        (
+            "a salted tenant without its salt Secret",
+            (
+                &["tenants.overrides.team-a.isolation=salted"][..],
+                "indexer.saltSecret.name",
             ),
         ),
         (

@@ -170,6 +170,27 @@ async fn over_budget_requests_get_429_and_never_reach_a_worker() {
     assert_eq!(refused.status, 429, "{}", refused.text());
     assert_eq!(refused.retry_after, None);
 
+    // Anthropic's /v1/messages gets Anthropic's error shape.
+    let messages = json!({
+        "model": MODEL,
+        "max_tokens": 16,
+        "system": shared_system_prompt(),
+        "messages": [{"role": "user", "content": "Where is my invoice?"}],
+    });
+    let anthropic = send_chat(
+        &gateway(),
+        &c.envoy_url("/v1/messages"),
+        &messages,
+        &[(TENANT_HEADER, "team-c")],
+    )
+    .await
+    .expect("request through Envoy");
+    assert_eq!(anthropic.status, 429, "{}", anthropic.text());
+    assert!(anthropic.retry_after.is_some());
+    let err: Value = serde_json::from_slice(&anthropic.body).expect("JSON error");
+    assert_eq!(err["type"], "error", "{err}");
+    assert_eq!(err["error"]["type"], "rate_limit_error", "{err}");
+
     // Other tenants are not limited, and the refusals reached no worker.
     let other = ask(&c, "team-a", &body).await;
     assert_eq!(other.status, 200, "{}", other.text());
@@ -182,5 +203,5 @@ async fn over_budget_requests_get_429_and_never_reach_a_worker() {
         .indexer_metric("kvsteer_tenant_rejected_requests_total", &[])
         .await
         .expect("metric");
-    assert_eq!(rejected, 2.0);
+    assert_eq!(rejected, 3.0);
 }
