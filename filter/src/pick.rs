@@ -461,13 +461,17 @@ mod tests {
             status: 429,
             message: "tenant over budget".into(),
             error_type: "rate_limit_exceeded".into(),
+            retry_after_s: 3,
         });
-        let PickOutcome::Reject { status, body, .. } =
-            decide(&encode(answer.clone()), ErrorShape::Anthropic)
+        let PickOutcome::Reject {
+            status,
+            body,
+            retry_after_s,
+        } = decide(&encode(answer.clone()), ErrorShape::Anthropic)
         else {
             panic!("a rejection")
         };
-        assert_eq!(status, 429);
+        assert_eq!((status, retry_after_s), (429, 3));
         assert_eq!(
             String::from_utf8(body).unwrap(),
             r#"{"type":"error","error":{"type":"rate_limit_error","message":"tenant over budget"}}"#
@@ -477,6 +481,7 @@ mod tests {
                 status,
                 message: String::new(),
                 error_type: error_type.into(),
+                retry_after_s: 0,
             })
             .unwrap();
             let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
