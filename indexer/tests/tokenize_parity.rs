@@ -9,29 +9,34 @@ fn shared() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")))
 }
 
+/// What `kvsteer-indexer tokenize --endpoint ENDPOINT` prints for `request`.
+fn tokenize(endpoint: &str, request: &std::path::Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvsteer-indexer"))
+        .args(["tokenize", "--endpoint", endpoint, "--tokenizer"])
+        .arg(shared().join("tokenizers/qwen3"))
+        .arg("--request")
+        .arg(request)
+        .output()
+        .expect("run kvsteer-indexer");
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        request.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+}
+
 #[test]
 fn tokenize_matches_every_parity_file() {
     let dir = shared().join("chat-parity");
     let expected = std::fs::read_to_string(dir.join("expected.jsonl")).expect("expected.jsonl");
-    let tokenizer = shared().join("tokenizers/qwen3");
     let mut checked = 0;
     for line in expected.lines().filter(|l| !l.trim().is_empty()) {
         let want: Value = serde_json::from_str(line).expect("expected line");
         let file = want["file"].as_str().expect("file");
         let endpoint = want["endpoint"].as_str().expect("endpoint");
-        let out = Command::new(env!("CARGO_BIN_EXE_kvsteer-indexer"))
-            .args(["tokenize", "--endpoint", endpoint, "--tokenizer"])
-            .arg(&tokenizer)
-            .arg("--request")
-            .arg(dir.join(file))
-            .output()
-            .expect("run kvsteer-indexer");
-        assert!(
-            out.status.success(),
-            "{file}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let got: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+        let got = tokenize(endpoint, &dir.join(file));
         assert_eq!(got["token_ids"], want["token_ids"], "{file}");
         checked += 1;
     }
@@ -51,19 +56,7 @@ fn tokenize_messages_matches_every_fixture() {
     for line in expected.lines().filter(|l| !l.trim().is_empty()) {
         let want: Value = serde_json::from_str(line).expect("expected line");
         let file = want["file"].as_str().expect("file");
-        let out = Command::new(env!("CARGO_BIN_EXE_kvsteer-indexer"))
-            .args(["tokenize", "--endpoint", "messages", "--tokenizer"])
-            .arg(shared().join("tokenizers/qwen3"))
-            .arg("--request")
-            .arg(dir.join(file))
-            .output()
-            .expect("run kvsteer-indexer");
-        assert!(
-            out.status.success(),
-            "{file}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let got: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+        let got = tokenize("messages", &dir.join(file));
         assert_eq!(
             got,
             serde_json::json!({"token_ids": want["token_ids"]}),

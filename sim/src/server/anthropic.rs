@@ -11,8 +11,7 @@
 //! `cache_read_input_tokens` (the simulator always reports cached tokens,
 //! as vLLM does with `--enable-prompt-tokens-details`).
 
-use axum::body::{Body, Bytes};
-use axum::http::header;
+use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use bytes::BytesMut;
 use serde_json::{Value, json};
@@ -20,7 +19,7 @@ use tokio::sync::mpsc;
 
 use super::engine_loop::{Delta, Finish, STREAM_CAPACITY};
 use super::error::ApiError;
-use super::generate::text_of;
+use super::generate::{sse_response, text_of};
 use super::openai::ResponseMeta;
 use super::routes::Shared;
 use crate::engine::{FinishReason, Usage};
@@ -181,15 +180,7 @@ pub(crate) fn stream_response(
             }
         }
     });
-    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(body_rx));
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        body,
-    )
-        .into_response()
+    sse_response(body_rx)
 }
 
 #[cfg(test)]

@@ -261,7 +261,15 @@ fn stream_response(
             }
         }
     });
-    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(body_rx));
+    sse_response(body_rx)
+}
+
+/// An SSE response whose frames come from `frames` (a bounded channel the
+/// generation task fills).
+pub(crate) fn sse_response(
+    frames: mpsc::Receiver<Result<Bytes, std::convert::Infallible>>,
+) -> Response {
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(frames));
     (
         [
             (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
