@@ -60,7 +60,7 @@ ask("team-c", "How do I reset my password?")
 ask("team-a", "How do I reset my password?")   # salted: nothing of team-c's is a hit
 ask("team-c", "And my e-mail address?")         # team-c hits its own prefix
 ask("team-a", "And my e-mail address?")         # team-a hits its own (salted) prefix
-print("team-b: 4000 tokens a minute, ~1.4k tokens per request")
+print("team-b: 4000 tokens a minute, ~1.7k tokens per request (shared: it may hit team-c's prefix)")
 for q in ["Where is my invoice?", "And the one before?", "And last year's?"]:
     ask("team-b", q)
 PY

@@ -11,7 +11,7 @@ cd "$KVSTEER_ROOT"
 
 ensure_rust
 ensure_envoy
-ensure_apt redis-server:redis-server
+ensure_apt redis-server:redis-server openssl:openssl
 ensure_cargo_machete
 ensure_helm                  # exports KVSTEER_HELM, KVSTEER_KUBECTL
 ensure_kubernetes_validate   # exports KVSTEER_KUBERNETES_VALIDATE
