@@ -51,8 +51,28 @@ pub struct StreamLabels {
     pub state: &'static str,
 }
 
+/// Tenants with their own metric label; every other tenant value is
+/// `other`, so any number of values makes a bounded set of series.
+#[derive(Clone, Debug, Default)]
+pub struct TenantAllowlist(HashSet<String>);
+
+impl TenantAllowlist {
+    pub fn new(tenants: &[String]) -> Self {
+        Self(tenants.iter().cloned().collect())
+    }
+
+    /// The tenant's label: itself when allowlisted, `other` otherwise.
+    pub fn label(&self, tenant: &str) -> String {
+        if self.0.contains(tenant) {
+            tenant.to_owned()
+        } else {
+            "other".to_owned()
+        }
+    }
+}
+
 pub struct Metrics {
-    tenants: HashSet<String>,
+    tenants: TenantAllowlist,
     pub picks: Family<PickLabels, Counter>,
     pub degraded: Family<ReasonLabels, Counter>,
     pub pick_latency: Histogram,
@@ -130,7 +150,7 @@ impl Metrics {
     /// Registers every metric under `kvsteer_` in `registry`.
     pub fn new(registry: &mut Registry, tenant_allowlist: &[String]) -> Self {
         let m = Self {
-            tenants: tenant_allowlist.iter().cloned().collect(),
+            tenants: TenantAllowlist::new(tenant_allowlist),
             picks: Family::default(),
             degraded: Family::default(),
             pick_latency: Histogram::new(seconds_buckets()),
@@ -368,11 +388,7 @@ impl Metrics {
 
     /// The tenant's label: itself when allowlisted, `other` otherwise.
     pub fn tenant_label(&self, tenant: &str) -> String {
-        if self.tenants.contains(tenant) {
-            tenant.to_owned()
-        } else {
-            "other".to_owned()
-        }
+        self.tenants.label(tenant)
     }
 
     pub fn worker(name: &str) -> WorkerLabels {

@@ -1,11 +1,11 @@
 //! Per-tenant budget metrics. Tenants outside the allowlist share the label
 //! `other`, so any number of tenant values makes a bounded set of series.
 
-use std::collections::HashSet;
-
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge};
 use prometheus_client::registry::Registry;
+
+use crate::metrics::TenantAllowlist;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantLabel {
@@ -27,7 +27,7 @@ pub struct StoreErrorLabels {
 
 #[derive(Clone)]
 pub struct TenancyMetrics {
-    allow: HashSet<String>,
+    allow: TenantAllowlist,
     pub admitted_requests: Family<TenantLabel, Counter>,
     pub admitted_tokens: Family<TenantLabel, Counter>,
     pub rejected_requests: Family<RejectLabels, Counter>,
@@ -41,7 +41,7 @@ pub struct TenancyMetrics {
 impl TenancyMetrics {
     pub fn new(registry: &mut Registry, allowlist: &[String]) -> Self {
         let m = Self {
-            allow: allowlist.iter().cloned().collect(),
+            allow: TenantAllowlist::new(allowlist),
             admitted_requests: Family::default(),
             admitted_tokens: Family::default(),
             rejected_requests: Family::default(),
@@ -97,11 +97,7 @@ impl TenancyMetrics {
 
     /// The tenant's label: itself when allowlisted, `other` otherwise.
     pub fn label(&self, tenant: &str) -> String {
-        if self.allow.contains(tenant) {
-            tenant.to_owned()
-        } else {
-            "other".to_owned()
-        }
+        self.allow.label(tenant)
     }
 
     pub(super) fn admitted(&self, label: &str, cost: u64, left: Option<f64>) {
