@@ -55,6 +55,14 @@ pub struct ClusterOptions {
 }
 
 impl ClusterOptions {
+    /// Three workers of the default (`tiny-cpu`) profile at `time_scale`.
+    pub fn tiny(time_scale: f64) -> ClusterOptions {
+        ClusterOptions::three(SimOptions {
+            time_scale,
+            ..SimOptions::default()
+        })
+    }
+
     pub fn three(sim: SimOptions) -> ClusterOptions {
         ClusterOptions {
             sims: vec![sim; 3],

@@ -5,17 +5,13 @@
 
 use std::time::Duration;
 
-use kvsteer_e2e::{Cluster, ClusterOptions, MODEL, SimOptions, send_chat, serial, wait_until};
+use kvsteer_e2e::{Cluster, ClusterOptions, MODEL, send_chat, serial, wait_until};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
 
 fn options() -> ClusterOptions {
-    ClusterOptions::three(SimOptions {
-        profile: "tiny-cpu".into(),
-        time_scale: 4.0,
-        ..SimOptions::default()
-    })
+    ClusterOptions::tiny(4.0)
 }
 
 fn system_blocks(tag: &str, turn: usize) -> Value {

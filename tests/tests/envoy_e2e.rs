@@ -62,11 +62,7 @@ async fn conversation(c: &Cluster, tag: &str, turns: usize) -> anyhow::Result<Ve
 }
 
 fn fast_sims() -> ClusterOptions {
-    ClusterOptions::three(SimOptions {
-        profile: "tiny-cpu".into(),
-        time_scale: 4.0,
-        ..SimOptions::default()
-    })
+    ClusterOptions::tiny(4.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

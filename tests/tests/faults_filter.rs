@@ -9,19 +9,13 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use kvsteer_e2e::{
-    Cluster, ClusterOptions, MODEL, SimOptions, chat_body, send_chat, serial, wait_until,
-};
+use kvsteer_e2e::{Cluster, ClusterOptions, MODEL, chat_body, send_chat, serial, wait_until};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
 
 fn sims(time_scale: f64) -> ClusterOptions {
-    ClusterOptions::three(SimOptions {
-        profile: "tiny-cpu".into(),
-        time_scale,
-        ..SimOptions::default()
-    })
+    ClusterOptions::tiny(time_scale)
 }
 
 fn user(text: &str) -> Value {

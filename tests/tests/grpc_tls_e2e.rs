@@ -10,9 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use kvsteer_e2e::{
-    Cluster, ClusterOptions, MODEL, Paths, SimOptions, chat_body, serial, wait_until,
-};
+use kvsteer_e2e::{Cluster, ClusterOptions, MODEL, Paths, chat_body, serial, wait_until};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -171,11 +169,7 @@ async fn start(pki: &Pki, with_client_cert: bool) -> Cluster {
     Cluster::start(ClusterOptions {
         envoy_config: Some(pki.envoy_config(with_client_cert).expect("envoy config")),
         grpc_extra: pki.indexer_tls(),
-        ..ClusterOptions::three(SimOptions {
-            profile: "tiny-cpu".into(),
-            time_scale: 8.0,
-            ..SimOptions::default()
-        })
+        ..ClusterOptions::tiny(8.0)
     })
     .await
     .expect("cluster")

@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, ensure};
-use kvsteer_e2e::{Cluster, ClusterOptions, MODEL, Paths, SimOptions, chat_body, serial};
+use kvsteer_e2e::{Cluster, ClusterOptions, MODEL, Paths, chat_body, serial};
 use serde_json::{Value, json};
 
 const ISSUER: &str = "https://issuer.kvsteer.invalid";
@@ -197,11 +197,7 @@ fn jwt_config(dir: &Path, signer: &Signer, anonymous: bool) -> anyhow::Result<Pa
 async fn start(envoy_config: Option<PathBuf>) -> Cluster {
     Cluster::start(ClusterOptions {
         envoy_config,
-        ..ClusterOptions::three(SimOptions {
-            profile: "tiny-cpu".into(),
-            time_scale: 8.0,
-            ..SimOptions::default()
-        })
+        ..ClusterOptions::tiny(8.0)
     })
     .await
     .expect("cluster")

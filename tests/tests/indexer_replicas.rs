@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use kvsteer_e2e::{
-    Cluster, ClusterOptions, MODEL, SimOptions, chat_body, metric_sum, send_chat, serial,
-    wait_until, workers_of,
+    Cluster, ClusterOptions, MODEL, chat_body, metric_sum, send_chat, serial, wait_until,
+    workers_of,
 };
 use serde_json::{Value, json};
 
@@ -17,11 +17,7 @@ const WAIT: Duration = Duration::from_secs(30);
 fn options() -> ClusterOptions {
     ClusterOptions {
         extra_indexers: 1,
-        ..ClusterOptions::three(SimOptions {
-            profile: "tiny-cpu".into(),
-            time_scale: 4.0,
-            ..SimOptions::default()
-        })
+        ..ClusterOptions::tiny(4.0)
     }
 }
 

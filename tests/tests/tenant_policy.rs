@@ -6,8 +6,7 @@
 use std::time::Duration;
 
 use kvsteer_e2e::{
-    ChatReply, Cluster, ClusterOptions, MODEL, Paths, SimOptions, chat_body, send_chat, serial,
-    wait_until,
+    ChatReply, Cluster, ClusterOptions, MODEL, Paths, chat_body, send_chat, serial, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -57,11 +56,7 @@ async fn ask(c: &Cluster, tenant: &str, body: &Value) -> ChatReply {
 }
 
 fn options(secret: &std::path::Path) -> ClusterOptions {
-    let mut opts = ClusterOptions::three(SimOptions {
-        profile: "tiny-cpu".into(),
-        time_scale: 4.0,
-        ..SimOptions::default()
-    });
+    let mut opts = ClusterOptions::tiny(4.0);
     opts.tenants_extra = format!(
         "  salt_secret_file: {}\n  overrides:\n    team-a: {{isolation: salted}}\n    team-b: {{isolation: salted}}\n    team-c:\n      budget: {{tokens_per_minute: 3000}}\n",
         secret.display()

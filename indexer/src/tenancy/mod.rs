@@ -10,7 +10,8 @@
 //! committed. The admitted cost (prompt tokens + `max_tokens`, or
 //! `reserve_output_tokens` when unset) is reserved; the request's terminal
 //! report settles it against the usage it reports ([`Tenancy::settle`]).
-//! Reservations whose report never comes expire after `in_flight_ttl_s`.
+//! Reservations whose report never comes are settled as cancelled after
+//! `in_flight_ttl_s`.
 
 pub mod bucket;
 pub mod metrics;
@@ -268,7 +269,8 @@ impl Tenancy {
         match verdict {
             Verdict::Admit { tokens_left } => {
                 self.metrics.admitted(&label, cost, tokens_left);
-                self.reservations.lock().insert(
+                let mut reservations = self.reservations.lock();
+                reservations.insert(
                     request_id.to_owned(),
                     Reservation {
                         key,
@@ -279,9 +281,7 @@ impl Tenancy {
                         at: Instant::now(),
                     },
                 );
-                self.metrics
-                    .reservations
-                    .set(self.reservations.lock().len() as i64);
+                self.metrics.reservations.set(reservations.len() as i64);
                 Ok(())
             }
             Verdict::Reject {
@@ -296,12 +296,14 @@ impl Tenancy {
 
     /// Settles the reservation of `request_id` (unknown ids: nothing).
     pub async fn settle(&self, request_id: &str, ending: Ending) {
-        let Some(r) = self.reservations.lock().remove(request_id) else {
-            return;
+        let r = {
+            let mut reservations = self.reservations.lock();
+            let Some(r) = reservations.remove(request_id) else {
+                return;
+            };
+            self.metrics.reservations.set(reservations.len() as i64);
+            r
         };
-        self.metrics
-            .reservations
-            .set(self.reservations.lock().len() as i64);
         // Without usage: a finished request keeps its whole reservation; a
         // cancelled one pays its prompt (its output is unknown and was cut).
         let used = match ending {
@@ -333,8 +335,9 @@ impl Tenancy {
         self.metrics.remaining(&label, left);
     }
 
-    /// Drops reservations older than the in-flight TTL (their report never
-    /// came): their tokens stay spent, their concurrency slot is freed.
+    /// Settles reservations older than the in-flight TTL (their report
+    /// never came) as cancelled without usage: the prompt stays spent, the
+    /// output reservation comes back, the concurrency slot is freed.
     pub async fn expire(&self, now: Instant) {
         let expired: Vec<String> = self
             .reservations
