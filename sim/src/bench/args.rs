@@ -110,6 +110,22 @@ pub struct BenchArgs {
     /// Live: the model name sent in requests.
     #[arg(long, default_value = "Qwen/Qwen3-8B")]
     pub model: String,
+    /// Live: send chat requests with text prompts (one single-token word per
+    /// planned token, so shared prefixes stay shared in tokens) to
+    /// `/v1/chat/completions`, for routers that take only text. Needs
+    /// `--tokenizer`.
+    #[arg(long)]
+    pub chat: bool,
+    /// Live, `--chat`: the tokenizer folder the words are chosen from (the
+    /// workers' tokenizer).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Live: the workers run this many times faster than the profile's
+    /// clock (`kvsteer-sim engine --time-scale`); arrivals and think times are
+    /// compressed by it and measured times scaled back, so figures read in
+    /// the profile's seconds.
+    #[arg(long, default_value_t = 1.0)]
+    pub live_time_scale: f64,
 }
 
 /// Validated arguments.
@@ -167,6 +183,15 @@ impl BenchArgs {
         }
         if self.scrape_interval_ms < 1.0 {
             bail!("--scrape-interval-ms must be at least 1");
+        }
+        if !(self.live_time_scale.is_finite() && self.live_time_scale > 0.0) {
+            bail!(
+                "--live-time-scale must be positive, got {}",
+                self.live_time_scale
+            );
+        }
+        if self.chat && self.tokenizer.is_none() {
+            bail!("--chat needs --tokenizer DIR (the workers' tokenizer)");
         }
         let profile = TimingProfile::by_name(&self.profile)?;
         let engine = EngineConfig::new(profile);

@@ -27,24 +27,29 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     if let Some(out) = &args.out {
         report::write_json(out, config_json(&resolved), &runs)?;
-        let dir = args
-            .plot_dir
-            .clone()
-            .or_else(|| out.parent().map(Path::to_path_buf))
-            .unwrap_or_else(|| PathBuf::from("."));
-        let stem = out.file_stem().and_then(|s| s.to_str()).unwrap_or("bench");
-        match plot::write_all(&dir, &format!("{stem}-"), &runs) {
-            Ok(files) if !quiet => {
-                for f in files {
-                    eprintln!("plot: {}", f.display());
-                }
-            }
-            Ok(_) => {}
-            // Plots are a convenience: the JSON is already written.
-            Err(e) => tracing::warn!(error = %e, "plots not written"),
-        }
+        write_plots(args, out, &runs);
     }
     Ok(())
+}
+
+/// PNG plots beside `out` (or in `--plot-dir`). Plots are a convenience:
+/// the JSON is already written, so a failure is a warning.
+pub fn write_plots(args: &BenchArgs, out: &Path, runs: &[super::summary::RunSummary]) {
+    let dir = args
+        .plot_dir
+        .clone()
+        .or_else(|| out.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("."));
+    let stem = out.file_stem().and_then(|s| s.to_str()).unwrap_or("bench");
+    match plot::write_all(&dir, &format!("{stem}-"), runs) {
+        Ok(files) if !args.quiet => {
+            for f in files {
+                eprintln!("plot: {}", f.display());
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "plots not written"),
+    }
 }
 
 /// The inputs of the run, for the JSON (no wall-clock values: same seed →

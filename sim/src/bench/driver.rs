@@ -44,7 +44,9 @@ pub struct RequestRecord {
     pub worker: usize,
     pub prompt_tokens: u32,
     pub matched_tokens: u32,
-    pub predicted_ttft_s: f64,
+    /// The router's predicted TTFT of the chosen worker; none live (the
+    /// routers under test don't say).
+    pub predicted_ttft_s: Option<f64>,
     pub cached_tokens: u32,
     pub first_token_at: Option<f64>,
     pub finished_at: Option<f64>,
@@ -275,7 +277,7 @@ impl Sim<'_> {
             worker: w,
             prompt_tokens,
             matched_tokens: choice.matched_tokens,
-            predicted_ttft_s: choice.prediction.ttft_ms / 1000.0,
+            predicted_ttft_s: Some(choice.prediction.ttft_ms / 1000.0),
             cached_tokens: 0,
             first_token_at: None,
             finished_at: None,

@@ -41,8 +41,10 @@ pub struct RunSummary {
     pub slo_attainment_chat: f64,
     /// Requests/min that met 8 s (per request, whatever the p90).
     pub good_requests_rpm: f64,
-    /// Median |predicted − observed| TTFT of the chosen worker (s).
-    pub prediction_error_p50_s: f64,
+    /// Median |predicted − observed| TTFT of the chosen worker (s); absent
+    /// where nothing was predicted (live runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prediction_error_p50_s: Option<f64>,
     pub requests_per_worker: Vec<u64>,
     /// kvsteer's calibrated prefill rate per worker at the end (tokens/s).
     pub calibrated_prefill_rates: Vec<f64>,
@@ -135,7 +137,7 @@ pub fn summarize(
     };
     let errors = sorted(
         done.iter()
-            .filter_map(|r| Some((r.first_token_at? - r.arrival - r.predicted_ttft_s).abs()))
+            .filter_map(|r| Some((r.first_token_at? - r.arrival - r.predicted_ttft_s?).abs()))
             .collect(),
     );
     RunSummary {
@@ -172,7 +174,7 @@ pub fn summarize(
         slo_attainment: r6(share(within(SEED_TTFT_P90_S))),
         slo_attainment_chat: r6(share(within(CHAT_TTFT_P90_S))),
         good_requests_rpm: r6(within(SEED_TTFT_P90_S) as f64 / span * 60.0),
-        prediction_error_p50_s: r6(percentile(&errors, 50.0)),
+        prediction_error_p50_s: (!errors.is_empty()).then(|| r6(percentile(&errors, 50.0))),
         requests_per_worker: per_worker,
         calibrated_prefill_rates: out.prefill_rates.iter().map(|&r| r6(r).round()).collect(),
         preemptions: out.preemptions,
@@ -195,7 +197,7 @@ mod tests {
             worker,
             prompt_tokens: 100,
             matched_tokens: 0,
-            predicted_ttft_s: ttft,
+            predicted_ttft_s: Some(ttft),
             cached_tokens: 50,
             first_token_at: Some(arrival + ttft),
             finished_at: Some(arrival + e2e),

@@ -11,6 +11,13 @@
 //! is sent after the previous answer and the turn's think time, its prompt
 //! the previous prompt, the tokens generated for it (`return_token_ids`)
 //! and the turn's user message. No turn starts after the run's end.
+//!
+//! `--chat` sends the same plans as chat requests with text prompts, for
+//! routers that take only text ([`super::words`]): a single request is one
+//! user message; a session keeps its messages, each answer's text going back
+//! as an assistant message. `--live-time-scale S` runs against workers S
+//! times faster than the profile's clock: arrivals and think times are
+//! divided by S and measured times multiplied by it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +26,7 @@ use anyhow::{Context, bail};
 use serde_json::json;
 
 use super::client::{ClientError, Observed, stream_request};
+use super::words::Words;
 use crate::bench::args::{Resolved, workload_name};
 use crate::bench::driver::{RequestRecord, RunOutput};
 use crate::bench::summary::summarize;
@@ -51,6 +59,16 @@ pub async fn run(args: &Resolved) -> anyhow::Result<()> {
     let client = reqwest::Client::builder()
         .timeout(REQUEST_TIMEOUT)
         .build()?;
+    let raw = args.args();
+    let mode = match (&raw.tokenizer, raw.chat) {
+        (Some(dir), true) => {
+            let tok = kvsteer_tokenize::PromptTokenizer::from_dir(dir)
+                .with_context(|| format!("tokenizer {}", dir.display()))?;
+            Mode::Chat(Arc::new(Words::from_tokenizer(&tok)?))
+        }
+        _ => Mode::Completions,
+    };
+    let scale = raw.live_time_scale;
     let mut runs = Vec::new();
     for &kind in &args.workloads {
         for &rate in &args.rates {
@@ -72,7 +90,7 @@ pub async fn run(args: &Resolved) -> anyhow::Result<()> {
                     workload_name(kind),
                     plan.arrivals.len()
                 );
-                let out = drive(&client, url, &args.args().model, &plan).await?;
+                let out = drive(&client, url, &args.args().model, &plan, &mode, scale).await?;
                 runs.push(summarize(
                     workload_name(kind),
                     name,
@@ -89,8 +107,12 @@ pub async fn run(args: &Resolved) -> anyhow::Result<()> {
     }
     if let Some(out) = &args.args().out {
         let mut config = config_json(args);
+        config["policies"] = json!(targets.iter().map(|(n, _)| n).collect::<Vec<_>>());
         config["live_targets"] = json!(targets);
+        config["live_chat"] = json!(raw.chat);
+        config["live_time_scale"] = json!(scale);
         report::write_json(out, config, &runs)?;
+        crate::bench::cli::write_plots(args.args(), out, &runs);
     }
     Ok(())
 }
@@ -117,13 +139,37 @@ async fn reset(client: &reqwest::Client, workers: &[String]) -> anyhow::Result<(
     Ok(())
 }
 
+/// What the requests look like.
+#[derive(Clone)]
+pub enum Mode {
+    /// `/v1/completions` with token-id prompts (sessions send back the
+    /// generated ids).
+    Completions,
+    /// `/v1/chat/completions` with text prompts.
+    Chat(Arc<Words>),
+}
+
+impl Mode {
+    fn path(&self) -> &'static str {
+        match self {
+            Mode::Completions => "/v1/completions",
+            Mode::Chat(_) => "/v1/chat/completions",
+        }
+    }
+}
+
 /// One request as sent and observed.
 struct Sent {
     tenant: Tenant,
-    /// When it was sent, seconds from the start of the run.
+    /// When it was sent, in plan seconds from the start of the run.
     arrival: f64,
     prompt_tokens: usize,
     obs: Result<Observed, ClientError>,
+}
+
+/// Plan seconds from `start`, on a clock `scale` times faster.
+fn plan_elapsed(start: Instant, scale: f64) -> f64 {
+    start.elapsed().as_secs_f64() * scale
 }
 
 async fn drive(
@@ -131,20 +177,29 @@ async fn drive(
     base: &str,
     model: &str,
     plan: &Plan,
+    mode: &Mode,
+    scale: f64,
 ) -> anyhow::Result<RunOutput> {
-    let url: Arc<str> = format!("{base}/v1/completions").into();
+    let url: Arc<str> = format!("{base}{}", mode.path()).into();
     let model: Arc<str> = model.into();
     let plan = Arc::new(plan.clone());
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(plan.arrivals.len());
     for a in &plan.arrivals {
-        tokio::time::sleep_until((start + Duration::from_secs_f64(a.t)).into()).await;
-        let (client, url, model) = (client.clone(), url.clone(), model.clone());
+        tokio::time::sleep_until((start + Duration::from_secs_f64(a.t / scale)).into()).await;
+        let (client, url, model, mode) = (client.clone(), url.clone(), model.clone(), mode.clone());
         let (tenant, t) = (a.tenant, a.t);
         match &a.what {
             What::Single { prompt, output } => {
                 let ids = plan.prompt(prompt);
-                let body = request_body(&model, &ids, *output);
+                let body = match &mode {
+                    Mode::Completions => request_body(&model, &ids, *output),
+                    Mode::Chat(words) => chat_body(
+                        &model,
+                        &[json!({"role": "user", "content": words.text(&ids)})],
+                        *output,
+                    ),
+                };
                 tasks.push(tokio::spawn(async move {
                     let obs = stream_request(&client, &url, &body).await;
                     vec![Sent {
@@ -158,7 +213,18 @@ async fn drive(
             &What::Session(s) => {
                 let plan = plan.clone();
                 tasks.push(tokio::spawn(async move {
-                    session(&client, &url, &model, &plan, s, tenant, start).await
+                    let run = SessionRun {
+                        client: &client,
+                        url: &url,
+                        model: &model,
+                        plan: &plan,
+                        start,
+                        scale,
+                    };
+                    match &mode {
+                        Mode::Completions => run.ids(s, tenant).await,
+                        Mode::Chat(words) => run.chat(words, s, tenant).await,
+                    }
                 }));
             }
         }
@@ -177,38 +243,45 @@ async fn drive(
         obs,
     } in sent
     {
-        let (worker, first, finished, cached, ok) = match obs {
+        let (worker, first, finished, cached, prompt, ok) = match obs {
             Ok(o) if o.status == 200 => {
                 let name = o.worker.clone().unwrap_or_else(|| "?".to_owned());
                 let w = names.iter().position(|n| *n == name).unwrap_or_else(|| {
                     names.push(name);
                     names.len() - 1
                 });
-                let first = o.ttft.map(|t| arrival + t.as_secs_f64());
+                let first = o.ttft.map(|t| arrival + t.as_secs_f64() * scale);
+                // The engine's count where it reports one (chat prompts
+                // carry the template's tokens too).
+                let prompt = match o.prompt_tokens {
+                    0 => prompt_tokens,
+                    n => n as usize,
+                };
                 (
                     w,
                     first,
-                    Some(arrival + o.e2e.as_secs_f64()),
+                    Some(arrival + o.e2e.as_secs_f64() * scale),
                     o.cached_tokens as u32,
+                    prompt,
                     first.is_some(),
                 )
             }
             Ok(o) => {
                 tracing::warn!(status = o.status, "live request failed");
-                (0, None, None, 0, false)
+                (0, None, None, 0, prompt_tokens, false)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "live request failed");
-                (0, None, None, 0, false)
+                (0, None, None, 0, prompt_tokens, false)
             }
         };
         records.push(RequestRecord {
             tenant,
             arrival,
             worker,
-            prompt_tokens: prompt_tokens as u32,
+            prompt_tokens: prompt as u32,
             matched_tokens: 0,
-            predicted_ttft_s: 0.0,
+            predicted_ttft_s: None,
             cached_tokens: cached,
             first_token_at: first,
             finished_at: if ok { finished } else { None },
@@ -221,7 +294,7 @@ async fn drive(
         event_batches: 0,
         event_errors: 0,
         steps: 0,
-        end_s: start.elapsed().as_secs_f64(),
+        end_s: plan_elapsed(start, scale),
         prefill_rates: Vec::new(),
     })
 }
@@ -240,46 +313,110 @@ fn request_body(model: &str, prompt: &[u32], output: u32) -> serde_json::Value {
     })
 }
 
+/// A streaming chat completion of `messages`.
+fn chat_body(model: &str, messages: &[serde_json::Value], output: u32) -> serde_json::Value {
+    json!({
+        "model": model,
+        "messages": messages,
+        "max_tokens": output,
+        "ignore_eos": true,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    })
+}
+
 /// One session's turns, each after the previous answer and its think time.
 /// A failed turn ends the session (as a rejected one does in virtual time).
-async fn session(
-    client: &reqwest::Client,
-    url: &str,
-    model: &str,
-    plan: &Plan,
-    s: usize,
-    tenant: Tenant,
+struct SessionRun<'a> {
+    client: &'a reqwest::Client,
+    url: &'a str,
+    model: &'a str,
+    plan: &'a Plan,
     start: Instant,
-) -> Vec<Sent> {
-    let sp = &plan.sessions[s];
-    let mut context = plan.session_start(sp);
-    let mut out = Vec::with_capacity(sp.turns.len());
-    for (turn, tp) in sp.turns.iter().enumerate() {
+    scale: f64,
+}
+
+impl SessionRun<'_> {
+    /// Waits for turn `turn`'s think time; false when the run is over.
+    async fn think(&self, turn: usize, think_s: f64) -> bool {
         if turn > 0 {
-            tokio::time::sleep(Duration::from_secs_f64(tp.think_s)).await;
-            if start.elapsed().as_secs_f64() > plan.end_s {
-                break;
+            tokio::time::sleep(Duration::from_secs_f64(think_s / self.scale)).await;
+            if plan_elapsed(self.start, self.scale) > self.plan.end_s {
+                return false;
             }
         }
-        plan.user_message(sp, turn, &mut context);
-        let arrival = start.elapsed().as_secs_f64();
-        let obs = stream_request(client, url, &request_body(model, &context, tp.output)).await;
-        let generated = match &obs {
-            Ok(o) if o.status == 200 && o.ttft.is_some() => Some(o.token_ids.clone()),
-            _ => None,
-        };
-        out.push(Sent {
-            tenant,
-            arrival,
-            prompt_tokens: context.len(),
-            obs,
-        });
-        let Some(generated) = generated else {
-            break;
-        };
-        context.extend_from_slice(&generated);
+        true
     }
-    out
+
+    /// Token-id prompts: each turn's prompt is the last one, the generated
+    /// ids and the new message.
+    async fn ids(&self, s: usize, tenant: Tenant) -> Vec<Sent> {
+        let sp = &self.plan.sessions[s];
+        let mut context = self.plan.session_start(sp);
+        let mut out = Vec::with_capacity(sp.turns.len());
+        for (turn, tp) in sp.turns.iter().enumerate() {
+            if !self.think(turn, tp.think_s).await {
+                break;
+            }
+            self.plan.user_message(sp, turn, &mut context);
+            let arrival = plan_elapsed(self.start, self.scale);
+            let body = request_body(self.model, &context, tp.output);
+            let obs = stream_request(self.client, self.url, &body).await;
+            let generated = match &obs {
+                Ok(o) if o.status == 200 && o.ttft.is_some() => Some(o.token_ids.clone()),
+                _ => None,
+            };
+            out.push(Sent {
+                tenant,
+                arrival,
+                prompt_tokens: context.len(),
+                obs,
+            });
+            let Some(generated) = generated else {
+                break;
+            };
+            context.extend_from_slice(&generated);
+        }
+        out
+    }
+
+    /// Chat: the first user message holds the session's start and its first
+    /// message; each answer goes back as an assistant message.
+    async fn chat(&self, words: &Words, s: usize, tenant: Tenant) -> Vec<Sent> {
+        let sp = &self.plan.sessions[s];
+        let mut first = self.plan.session_start(sp);
+        let mut planned = first.len();
+        let mut messages = Vec::with_capacity(2 * sp.turns.len());
+        let mut out = Vec::with_capacity(sp.turns.len());
+        for (turn, tp) in sp.turns.iter().enumerate() {
+            if !self.think(turn, tp.think_s).await {
+                break;
+            }
+            let mut message = std::mem::take(&mut first);
+            self.plan.user_message(sp, turn, &mut message);
+            planned += message.len();
+            messages.push(json!({"role": "user", "content": words.text(&message)}));
+            let arrival = plan_elapsed(self.start, self.scale);
+            let body = chat_body(self.model, &messages, tp.output);
+            let obs = stream_request(self.client, self.url, &body).await;
+            let answer = match &obs {
+                Ok(o) if o.status == 200 && o.ttft.is_some() => Some(o.text.clone()),
+                _ => None,
+            };
+            out.push(Sent {
+                tenant,
+                arrival,
+                prompt_tokens: planned,
+                obs,
+            });
+            let Some(answer) = answer else {
+                break;
+            };
+            planned += tp.output as usize;
+            messages.push(json!({"role": "assistant", "content": answer}));
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -336,16 +473,15 @@ mod tests {
         let sp = &plan.sessions[0];
         assert!(sp.turns.len() >= 2, "{sp:?}");
         let client = reqwest::Client::new();
-        let sent = session(
-            &client,
-            &url,
-            "sim-model",
-            &plan,
-            0,
-            Tenant::Agent,
-            Instant::now(),
-        )
-        .await;
+        let run = SessionRun {
+            client: &client,
+            url: &url,
+            model: "sim-model",
+            plan: &plan,
+            start: Instant::now(),
+            scale: 1.0,
+        };
+        let sent = run.ids(0, Tenant::Agent).await;
         assert_eq!(sent.len(), sp.turns.len());
         for (k, pair) in sent.windows(2).enumerate() {
             let (prev, next) = (&pair[0], &pair[1]);
@@ -374,7 +510,9 @@ mod tests {
         assert!(!plan.arrivals.is_empty());
         let client = reqwest::Client::new();
         let base = format!("http://{}", server.addr);
-        let out = drive(&client, &base, "sim-model", &plan).await.unwrap();
+        let out = drive(&client, &base, "sim-model", &plan, &Mode::Completions, 1.0)
+            .await
+            .unwrap();
         assert!(
             out.records.len() > plan.arrivals.len(),
             "{}",
@@ -386,6 +524,46 @@ mod tests {
                 .all(|r| !r.rejected && r.first_token_at.is_some())
         );
         assert!(out.records.windows(2).all(|w| w[0].arrival <= w[1].arrival));
+        server.shutdown().await;
+    }
+
+    /// Chat: each turn's prompt holds the previous one whole (its answer
+    /// goes back as text), so the worker finds the previous prompt's full
+    /// blocks cached; and the plan's time runs `scale` times faster.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_chat_session_finds_its_previous_prompt_cached() {
+        let server = worker().await;
+        let shared = std::env::var_os("KVSTEER_SHARED")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared").into());
+        let tok =
+            kvsteer_tokenize::PromptTokenizer::from_dir(&shared.join("tokenizers/qwen3")).unwrap();
+        let words = Words::from_tokenizer(&tok).unwrap();
+        let plan = multi_turn(60.0, 3_600.0);
+        let sp = &plan.sessions[0];
+        assert!(sp.turns.len() >= 2, "{sp:?}");
+        let client = reqwest::Client::new();
+        let url = format!("http://{}/v1/chat/completions", server.addr);
+        let run = SessionRun {
+            client: &client,
+            url: &url,
+            model: "sim-model",
+            plan: &plan,
+            start: Instant::now(),
+            scale: 4.0,
+        };
+        let sent = run.chat(&words, 0, Tenant::Agent).await;
+        assert_eq!(sent.len(), sp.turns.len());
+        for (k, pair) in sent.windows(2).enumerate() {
+            let (prev, next) = (pair[0].obs.as_ref().unwrap(), pair[1].obs.as_ref().unwrap());
+            assert_eq!(next.status, 200);
+            // The template adds a few tokens per message; the words one each.
+            assert!(next.prompt_tokens > prev.prompt_tokens + u64::from(sp.turns[k].output));
+            let held = prev.prompt_tokens / 16 * 16;
+            assert!(next.cached_tokens >= held, "turn {}: {next:?}", k + 1);
+            // Plan seconds: the think time, at 4x, still counts whole.
+            assert!(pair[1].arrival >= pair[0].arrival + sp.turns[k + 1].think_s);
+        }
         server.shutdown().await;
     }
 

@@ -6,3 +6,4 @@ pub mod bench;
 pub mod client;
 pub mod converse;
 pub mod overhead;
+pub mod words;

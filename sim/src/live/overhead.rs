@@ -15,10 +15,11 @@ use serde_json::{Value, json};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct OverheadArgs {
-    /// Envoy with the kvsteer filter.
+    /// Envoy with the kvsteer filter (or any target to measure against the
+    /// baseline, e.g. another router).
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub kvsteer: String,
-    /// The same Envoy with plain round robin.
+    /// The same Envoy with plain round robin (or a worker, directly).
     #[arg(long, default_value = "http://127.0.0.1:8081")]
     pub baseline: String,
     #[arg(long, default_value = "Qwen/Qwen3-8B")]
@@ -163,17 +164,17 @@ pub async fn run(args: &OverheadArgs) -> anyhow::Result<()> {
         .timeout(Duration::from_secs(60))
         .build()?;
     println!(
-        "{} requests per target, size and rate, alternating between\n  kvsteer:  {}\n  baseline: {}\n",
+        "{} requests per target, size and rate, alternating between\n  target:   {}\n  baseline: {}\n",
         args.requests, args.kvsteer, args.baseline
     );
     println!(
         "{:>6}  {:>7}  {:>12} {:>12}  {:>12} {:>12}  {:>10} {:>10}  {:>6}",
         "req/s",
         "tokens",
-        "kvsteer p50",
-        "kvsteer p99",
-        "rr p50",
-        "rr p99",
+        "target p50",
+        "target p99",
+        "base p50",
+        "base p99",
         "added p50",
         "added p99",
         "failed"

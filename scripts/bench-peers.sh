@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# kvsteer live against the real peer routers, in front of the same simulated
+# workers: SGLang's router (sglang-router, `smg`, cache_aware), vLLM's router
+# (vllm-router, cache_aware and kv_aware on the workers' KV events) and Envoy's
+# plain round robin. Every target gets the same seeded arrivals with the
+# workers' prefix caches emptied before its run; requests are streamed chat
+# completions with text prompts (so every router takes them), TTFT is measured
+# at the client (`kvsteer-sim bench --live --chat`).
+#
+#   scripts/bench-peers.sh [--quick] [--workloads LIST] [--out DIR]
+#   scripts/bench-peers.sh --overhead
+#
+# Without --quick: three workloads (shared-prefix, mixed, multi-turn; or the
+# comma-separated LIST of them), from a light rate to past capacity
+# (BENCHMARKS.md, "Live against the peers"); ~65 minutes. --quick: shared-prefix at one rate for 30 s (~3 minutes).
+# Results: DIR/<workload>.json (+ PNG plots beside it) and a table on stdout.
+# --overhead: the latency each router adds at light load, against the same
+# request sent straight to a worker (workers with a near-zero step time,
+# `kvsteer-sim overhead`, 1,000-token chat prompts, 10 requests/s).
+# Routers install into .cache/peers/ (own venvs, ~150 MB each, no torch).
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$KVSTEER_ROOT"
+
+SGLANG_ROUTER_VERSION=0.3.2
+VLLM_ROUTER_VERSION=0.1.17
+OUT=sim/benchmarks/peers
+QUICK=0
+OVERHEAD=0
+WORKLOADS=shared-prefix,mixed,multi-turn
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) QUICK=1 ;;
+    --overhead) OVERHEAD=1 ;;
+    --out) OUT=$2; shift ;;
+    --workloads) WORKLOADS=$2; shift ;;
+    *) die "unknown argument $1 (usage: scripts/bench-peers.sh [--quick] [--workloads LIST] [--out DIR] | --overhead)" ;;
+  esac
+  shift
+done
+
+# The workers: three, L40S profile with a 27B FP8 model, compressed in time
+# by TIME_SCALE (engines run that much faster; the bench scales its clock
+# alike, so figures read in the profile's seconds). vLLM's block hashes
+# (sha256_cbor) so that vllm-router's kv_aware can match its events.
+PROFILE=l40s-27b-fp8
+TIME_SCALE=${KVSTEER_PEERS_TIME_SCALE:-2}
+SEED=${KVSTEER_PEERS_SEED:-1}
+WORKERS=(http://127.0.0.1:8001 http://127.0.0.1:8002 http://127.0.0.1:8003)
+EVENTS=(tcp://127.0.0.1:5557 tcp://127.0.0.1:5558 tcp://127.0.0.1:5559)
+REPLAYS=(tcp://127.0.0.1:5567 tcp://127.0.0.1:5568 tcp://127.0.0.1:5569)
+SGLANG_PORT=30001
+VLLM_CACHE_PORT=30002
+VLLM_KV_PORT=30003
+
+install_peer() { # install_peer NAME PACKAGE==VERSION BINARY
+  local venv=.cache/peers/$1
+  local have=
+  [ -x "$venv/bin/$3" ] && have=$("$venv/bin/pip" show "${2%%==*}" 2>/dev/null | sed -n 's/^Version: //p')
+  if [ "$have" != "${2##*==}" ]; then
+    log "installing $2 into $venv"
+    python3 -m venv "$venv" || { ensure_apt python3:python3-venv; python3 -m venv "$venv"; }
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "$2"
+  fi
+}
+
+start_peers() {
+  local w args=()
+  log "starting sglang-router $SGLANG_ROUTER_VERSION (cache_aware, 127.0.0.1:$SGLANG_PORT)"
+  .cache/peers/sglang/bin/smg launch --host 127.0.0.1 --port "$SGLANG_PORT" --worker-urls "${WORKERS[@]}" \
+    --policy cache_aware --prometheus-host 127.0.0.1 --prometheus-port 30011 \
+    >"$KVSTEER_RUN/sglang-router.log" 2>&1 &
+  KVSTEER_PIDS+=($!)
+  log "starting vllm-router $VLLM_ROUTER_VERSION (cache_aware, 127.0.0.1:$VLLM_CACHE_PORT)"
+  .cache/peers/vllm-router/bin/vllm-router --host 127.0.0.1 --port "$VLLM_CACHE_PORT" \
+    --worker-urls "${WORKERS[@]}" --policy cache_aware \
+    --prometheus-host 127.0.0.1 --prometheus-port 30012 \
+    >"$KVSTEER_RUN/vllm-router-cache.log" 2>&1 &
+  KVSTEER_PIDS+=($!)
+  for w in 0 1 2; do
+    args+=(--kv-event-source "${WORKERS[$w]}=${EVENTS[$w]}" --kv-event-replay-source "${WORKERS[$w]}=${REPLAYS[$w]}")
+  done
+  log "starting vllm-router $VLLM_ROUTER_VERSION (kv_aware on the workers' KV events, 127.0.0.1:$VLLM_KV_PORT)"
+  .cache/peers/vllm-router/bin/vllm-router --host 127.0.0.1 --port "$VLLM_KV_PORT" \
+    --worker-urls "${WORKERS[@]}" --policy kv_aware "${args[@]}" --kv-event-model "$KVSTEER_MODEL" \
+    --prometheus-host 127.0.0.1 --prometheus-port 30013 \
+    >"$KVSTEER_RUN/vllm-router-kv.log" 2>&1 &
+  KVSTEER_PIDS+=($!)
+  wait_http "http://127.0.0.1:$SGLANG_PORT/readiness" "sglang-router"
+  wait_http "http://127.0.0.1:$VLLM_CACHE_PORT/health" "vllm-router (cache_aware)"
+  wait_http "http://127.0.0.1:$VLLM_KV_PORT/health" "vllm-router (kv_aware)"
+}
+
+ensure_local_layout_tools
+install_peer sglang "sglang-router==$SGLANG_ROUTER_VERSION" smg
+install_peer vllm-router "vllm-router==$VLLM_ROUTER_VERSION" vllm-router
+build_all release
+if [ "$OVERHEAD" = 1 ]; then
+  # KV caches large enough for every session: every target sees warm caches.
+  RUST_LOG=warn KVSTEER_SIM_ARGS="--num-gpu-blocks 32768 --prefix-caching-hash-algo sha256_cbor" \
+    start_local_layout test 1 roundrobin
+  start_peers
+  for t in kvsteer=http://127.0.0.1:8080 sglang_cache_aware=http://127.0.0.1:$SGLANG_PORT \
+    vllm_cache_aware=http://127.0.0.1:$VLLM_CACHE_PORT vllm_kv_aware=http://127.0.0.1:$VLLM_KV_PORT \
+    envoy_round_robin=http://127.0.0.1:8081; do
+    log "overhead: ${t%%=*} against the worker directly"
+    "$KVSTEER_BIN/kvsteer-sim" overhead --kvsteer "${t#*=}" --baseline "${WORKERS[0]}" \
+      --model "$KVSTEER_MODEL" --prompt-tokens 1000 --rate 10 --requests 300
+  done
+  exit 0
+fi
+RUST_LOG=warn KVSTEER_SIM_ARGS="--prefix-caching-hash-algo sha256_cbor" \
+  start_local_layout "$PROFILE" "$TIME_SCALE" roundrobin
+start_peers
+mkdir -p "$OUT"
+
+TARGETS=(
+  kvsteer=http://127.0.0.1:8080
+  sglang_cache_aware=http://127.0.0.1:$SGLANG_PORT
+  vllm_cache_aware=http://127.0.0.1:$VLLM_CACHE_PORT
+  vllm_kv_aware=http://127.0.0.1:$VLLM_KV_PORT
+  round_robin=http://127.0.0.1:8081
+)
+
+# run NAME RATES BENCH-ARGS…: one workload, every target at every rate.
+run() {
+  local name=$1 rates=$2
+  shift 2
+  log "live: $name at $rates rpm against ${#TARGETS[@]} targets"
+  "$KVSTEER_BIN/kvsteer-sim" bench --live --chat --tokenizer .cache/tokenizers/qwen3 \
+    --live-time-scale "$TIME_SCALE" --model "$KVSTEER_MODEL" --target "${TARGETS[@]}" \
+    --reset-worker "${WORKERS[@]}" --workers 3 --profile "$PROFILE" --seed "$SEED" \
+    --rates "$rates" --out "$OUT/$name.json" "$@"
+}
+
+# Sizes and rates: 3 workers of this profile serve ~190-200 rpm of SHARED
+# (virtual time); light, heavy (the best peer's p90 several times its light
+# figure) and past capacity. BENCHMARKS.md "Live against the peers".
+SHARED=(--workload shared-prefix --groups 12 --users-per-group 8 --prefix-tokens 4000 --question-tokens 1500 --output-tokens 100)
+MULTI=(--workload multi-turn)
+MIXED=(--workload mixed)
+if [ "$QUICK" = 1 ]; then
+  run shared-prefix-quick 60 "${SHARED[@]}" --duration-s 30
+else
+  for w in ${WORKLOADS//,/ }; do
+    case $w in
+      shared-prefix) run shared-prefix "${PEERS_SHARED_RATES:-60,180,240}" "${SHARED[@]}" --duration-s 120 ;;
+      mixed) run mixed "${PEERS_MIXED_RATES:-60,120,150}" "${MIXED[@]}" --duration-s 120 ;;
+      # Closed-loop sessions build up over minutes: 600 s (8 rpm is light,
+      # 24 rpm past the knee in virtual time). BENCHMARKS.md's figures ran
+      # it alone at KVSTEER_PEERS_TIME_SCALE=4.
+      multi-turn) run multi-turn "${PEERS_MULTI_RATES:-8,24}" "${MULTI[@]}" --duration-s 600 ;;
+      *) die "unknown workload $w (shared-prefix, mixed, multi-turn)" ;;
+    esac
+  done
+fi
+log "results in $OUT/"
