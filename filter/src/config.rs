@@ -12,6 +12,7 @@ use serde::Deserialize;
 pub const REPLICA_HEADER: &str = "x-kvsteer-replica";
 
 use crate::admission::Api;
+use crate::grpc_target;
 
 pub const DEFAULT_INDEXER_CLUSTER: &str = "kvsteer_indexer";
 pub const DEFAULT_TIMEOUT_MS: u64 = 200;
@@ -39,6 +40,12 @@ pub const MAX_MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 pub struct FilterConfig {
     /// Envoy cluster of the indexer's gRPC server.
     pub indexer_cluster: String,
+    /// `:authority` of the calls to the indexer (`host[:port]`). Unset,
+    /// Envoy sends the cluster name, which is fine for a cluster of one's
+    /// own but not for Istio's `outbound|PORT||HOST` clusters: their `|` is
+    /// not a valid authority and the indexer refuses every call. Istio
+    /// configs set it to the indexer Service's `HOST:PORT`.
+    pub indexer_authority: Option<String>,
     /// Deadline of a `Pick` call; past it the request fails open.
     pub timeout_ms: u64,
     /// Request paths (without query string) whose bodies are inspected.
@@ -83,6 +90,7 @@ impl Default for FilterConfig {
     fn default() -> Self {
         Self {
             indexer_cluster: DEFAULT_INDEXER_CLUSTER.to_owned(),
+            indexer_authority: None,
             timeout_ms: DEFAULT_TIMEOUT_MS,
             paths: DEFAULT_PATHS.iter().map(|p| (*p).to_owned()).collect(),
             tenant_header: DEFAULT_TENANT_HEADER.to_owned(),
@@ -111,6 +119,11 @@ impl FilterConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.indexer_cluster.trim().is_empty() {
             return Err(invalid("indexer_cluster", "must name an Envoy cluster"));
+        }
+        if let Err(error) =
+            grpc_target::encode(&self.indexer_cluster, self.indexer_authority.as_deref())
+        {
+            return Err(invalid("indexer_authority", error.to_string()));
         }
         if self.timeout_ms == 0 || self.timeout_ms > MAX_TIMEOUT_MS {
             return Err(invalid(
@@ -161,6 +174,14 @@ impl FilterConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The upstream of the filter's gRPC calls (`grpc_target`): the cluster
+    /// name, or cluster and authority as a serialized `GrpcService`. Falls
+    /// back to the cluster name only for a configuration `validate` refuses.
+    pub fn indexer_target(&self) -> String {
+        grpc_target::encode(&self.indexer_cluster, self.indexer_authority.as_deref())
+            .unwrap_or_else(|_| self.indexer_cluster.clone())
     }
 
     /// The API served at `path` (already stripped of its query), when the
@@ -248,6 +269,27 @@ mod tests {
     }
 
     #[test]
+    fn an_authority_turns_the_target_into_a_grpc_service() {
+        let plain = FilterConfig::from_json(br#"{"indexer_cluster": "idx"}"#).unwrap();
+        assert_eq!(plain.indexer_authority, None);
+        assert_eq!(plain.indexer_target(), "idx");
+        let istio = FilterConfig::from_json(
+            br#"{"indexer_cluster": "outbound|9090||idx.ns.svc.cluster.local",
+                 "indexer_authority": "idx.ns.svc.cluster.local:9090"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            istio.indexer_target(),
+            grpc_target::encode(
+                "outbound|9090||idx.ns.svc.cluster.local",
+                Some("idx.ns.svc.cluster.local:9090")
+            )
+            .unwrap()
+        );
+        assert_ne!(istio.indexer_target(), istio.indexer_cluster);
+    }
+
+    #[test]
     fn defaults_cover_both_openai_paths() {
         let config = FilterConfig::default();
         assert_eq!(config.api_for("/v1/chat/completions"), Some(Api::Chat));
@@ -266,6 +308,9 @@ mod tests {
         assert!(reason(r#"{"timeout": 5}"#).contains("unknown field `timeout`"));
         assert!(reason(r#"{"timeout_ms": "5"}"#).contains("invalid type"));
         assert!(reason(r#"{"indexer_cluster": " "}"#).contains("indexer_cluster"));
+        assert!(reason(r#"{"indexer_authority": "a|b"}"#).contains("indexer_authority"));
+        let long = format!(r#"{{"indexer_authority": "{}.svc:9090"}}"#, "a".repeat(120));
+        assert!(reason(&long).contains("at most"));
         assert!(reason(r#"{"timeout_ms": 0}"#).contains("timeout_ms"));
         assert!(reason(r#"{"timeout_ms": 60000}"#).contains("timeout_ms"));
         assert!(reason(r#"{"paths": []}"#).contains("at least one"));

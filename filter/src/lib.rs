@@ -18,6 +18,7 @@
 pub mod admission;
 pub mod config;
 pub mod first_output;
+pub mod grpc_target;
 mod host;
 pub mod metrics;
 pub mod openai;

@@ -245,8 +245,8 @@ fn indexer_configmap_passes_the_indexer_loader() {
 // === filter plugin configuration ===
 
 /// Checks one wasm filter config the way Envoy and the filter will read it;
-/// returns its `indexer_cluster`.
-fn check_wasm_filter(where_: &str, wasm: &Value) -> String {
+/// returns it.
+fn check_wasm_filter(where_: &str, wasm: &Value) -> FilterConfig {
     let config = &wasm["config"];
     assert_eq!(
         config["allow_on_headers_stop_iteration"], true,
@@ -265,7 +265,7 @@ fn check_wasm_filter(where_: &str, wasm: &Value) -> String {
         parsed.destination_header, "x-gateway-destination-endpoint",
         "{where_}"
     );
-    parsed.indexer_cluster
+    parsed
 }
 
 #[test]
@@ -278,7 +278,7 @@ fn plugin_configurations_pass_the_filter_parser() {
         1,
         "one kvsteer filter in the standalone Envoy"
     );
-    let cluster = check_wasm_filter("deploy/envoy", filters[0]);
+    let cluster = check_wasm_filter("deploy/envoy", filters[0]).indexer_cluster;
     let clusters = envoy["static_resources"]["clusters"]
         .as_array()
         .expect("clusters");
@@ -316,10 +316,13 @@ fn plugin_configurations_pass_the_filter_parser() {
         1,
         "one kvsteer filter in the Istio EnvoyFilter"
     );
-    let cluster = check_wasm_filter("deploy/istio", filters[0]);
+    let parsed = check_wasm_filter("deploy/istio", filters[0]);
+    let host = format!("kvsteer-indexer.{NAMESPACE}.svc.cluster.local");
+    assert_eq!(parsed.indexer_cluster, format!("outbound|9090||{host}"));
+    // Istio's `|` is no valid :authority: the filter names the Service.
     assert_eq!(
-        cluster,
-        format!("outbound|9090||kvsteer-indexer.{NAMESPACE}.svc.cluster.local")
+        parsed.indexer_authority.as_deref(),
+        Some(format!("{host}:9090").as_str())
     );
 }
 

@@ -159,6 +159,11 @@ const CASES: &[Case] = &[
         set: &[],
     },
     Case {
+        name: "istio, three replicas",
+        values: "values-istio-replicas.yaml",
+        set: &[],
+    },
+    Case {
         name: "envoy gateway",
         values: "values-envoy-gateway.yaml",
         set: &[],
@@ -749,12 +754,21 @@ fn filter_configs(r: &Rendered) -> Proxy {
         let config = &filters[0]["config"];
         let parsed = check_plugin(r.case, config, str_at(config, "/configuration/value"));
         let indexer = r.one("Service", "-indexer");
+        let indexer_host = format!(
+            "{}.{NAMESPACE}.svc.cluster.local",
+            str_at(indexer, "/metadata/name")
+        );
         assert_eq!(
             parsed.indexer_cluster,
-            format!(
-                "outbound|9090||{}.{NAMESPACE}.svc.cluster.local",
-                str_at(indexer, "/metadata/name")
-            )
+            format!("outbound|9090||{indexer_host}")
+        );
+        // Istio's cluster name is no valid :authority: the filter names the
+        // Service instead (or the indexer refuses every call).
+        assert_eq!(
+            parsed.indexer_authority.as_deref(),
+            Some(format!("{indexer_host}:9090").as_str()),
+            "{}",
+            r.case
         );
         return Proxy::Istio;
     }
@@ -1040,10 +1054,21 @@ fn istio_sidecar_validates(envoy: &Path, r: &Rendered) {
     assert!(exact.contains(&"/v1/chat/completions"));
     assert_eq!(http.last().unwrap()["directResponse"]["status"], 404);
 
-    let indexer_name = str_at(r.one("Service", "-indexer"), "/metadata/name");
-    let indexer_cluster = format!("outbound|9090||{indexer_name}.{NAMESPACE}.svc.cluster.local");
-    let indexer = json!({
+    // The indexer: a virtual-IP Service (Istio's EDS cluster lists every
+    // replica; a headless one gets ORIGINAL_DST, useless for the filter's own
+    // calls), its cluster patched so reports reach the picking replica.
+    let indexer_svc = r.one("Service", "-indexer");
+    assert!(
+        indexer_svc["spec"].get("clusterIP").is_none(),
+        "{}: the indexer Service must not be headless under Istio",
+        r.case
+    );
+    let indexer_name = str_at(indexer_svc, "/metadata/name");
+    let indexer_host = format!("{indexer_name}.{NAMESPACE}.svc.cluster.local");
+    let indexer_cluster = format!("outbound|9090||{indexer_host}");
+    let mut indexer = json!({
         "name": indexer_cluster, "type": "STATIC", "connect_timeout": "10s",
+        "lb_policy": "LEAST_REQUEST", "common_lb_config": {"healthy_panic_threshold": {}},
         "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
             "explicit_http_config": {"http2_protocol_options": {}}
@@ -1052,6 +1077,27 @@ fn istio_sidecar_validates(envoy: &Path, r: &Rendered) {
             {"endpoint": {"address": {"socket_address": {"address": "10.0.0.20", "port_value": 9090}}}}
         ]}]}
     });
+    let indexer_lb = r.one("EnvoyFilter", "-indexer-lb");
+    let indexer_patches = patches(indexer_lb, "CLUSTER");
+    assert_eq!(indexer_patches.len(), 1, "{}", r.case);
+    let p = &indexer_patches[0];
+    assert_eq!(p["match"]["context"], "SIDECAR_OUTBOUND");
+    assert_eq!(p["match"]["cluster"]["service"], indexer_host.as_str());
+    assert_eq!(p["match"]["cluster"]["portNumber"], 9090);
+    assert_eq!(p["patch"]["operation"], "MERGE");
+    assert_eq!(
+        indexer_lb["spec"]["workloadSelector"], filter["spec"]["workloadSelector"],
+        "{}: the same sidecars",
+        r.case
+    );
+    merge(&mut indexer, &p["patch"]["value"]);
+    let mut lb = Vec::new();
+    walk(&indexer, &|o| o["name"] == OVERRIDE_HOST, &mut lb);
+    assert_eq!(lb.len(), 1, "{}: indexer override_host", r.case);
+    assert_eq!(
+        lb[0]["typed_config"]["override_host_sources"][0]["header"],
+        "x-kvsteer-replica"
+    );
     let bootstrap =
         json!({"static_resources": {"listeners": [listener], "clusters": [workers, indexer]}});
     validate(
@@ -1338,18 +1384,6 @@ fn bad_values_are_refused_with_a_reason() {
         (
             "no discovery, no workers",
             (&["discovery.enabled=false"][..], "no worker"),
-        ),
-        (
-            "several replicas under Istio",
-            (
-                &[
-                    "gateway=istio",
-                    "indexer.replicas=2",
-                    "index.backend=redis",
-                    "index.redis.url=redis://redis:6379",
-                ][..],
-                "gateway: istio runs one indexer replica",
-            ),
         ),
         (
             "a debug token without its Secret",

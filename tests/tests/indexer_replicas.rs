@@ -4,6 +4,7 @@
 //! replica keeps load it cannot release; one replica killed mid-run costs
 //! no request, and the other carries on with nothing left behind.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kvsteer_e2e::{
@@ -19,6 +20,35 @@ fn options() -> ClusterOptions {
         extra_indexers: 1,
         ..ClusterOptions::tiny(4.0)
     }
+}
+
+/// Istio's name for the indexer Service's gRPC port, as a sidecar knows it.
+const ISTIO_INDEXER_CLUSTER: &str = "outbound|9090||kvsteer-indexer.kvsteer.svc.cluster.local";
+const ISTIO_INDEXER_AUTHORITY: &str = "kvsteer-indexer.kvsteer.svc.cluster.local:9090";
+
+/// `envoy/local/envoy.yaml` with the indexer cluster under Istio's name and
+/// the filter configured as the chart's Istio EnvoyFilter configures it.
+fn istio_named_envoy_config(dir: &Path) -> anyhow::Result<PathBuf> {
+    let root = kvsteer_e2e::Paths::discover()?.root;
+    let text = std::fs::read_to_string(root.join("envoy/local/envoy.yaml"))?;
+    let plugin = r#""indexer_cluster": "kvsteer_indexer","#;
+    let named = ["- name: kvsteer_indexer", "cluster_name: kvsteer_indexer"];
+    anyhow::ensure!(
+        text.contains(plugin) && named.iter().all(|n| text.contains(n)),
+        "envoy/local/envoy.yaml: indexer cluster not where expected"
+    );
+    let text = text
+        .replace(
+            plugin,
+            &format!(
+                r#""indexer_cluster": "{ISTIO_INDEXER_CLUSTER}", "indexer_authority": "{ISTIO_INDEXER_AUTHORITY}","#
+            ),
+        )
+        .replace(named[0], &format!("- name: \"{ISTIO_INDEXER_CLUSTER}\""))
+        .replace(named[1], &format!("cluster_name: \"{ISTIO_INDEXER_CLUSTER}\""));
+    let path = dir.join("envoy-istio-named.yaml");
+    std::fs::write(&path, text)?;
+    Ok(path)
 }
 
 async fn get(c: &Cluster, r: usize, path: &str) -> anyhow::Result<String> {
@@ -112,4 +142,44 @@ async fn reports_reach_the_picking_replica_and_a_killed_one_costs_no_request() {
     eprintln!(
         "after the kill, replica 1 saw {unmatched} unmatched reports (the dead replica's requests)"
     );
+}
+
+/// The indexer cluster under Istio's name (`outbound|9090||…`, whose `|` is no
+/// valid `:authority`) with the filter's `indexer_authority` set, as the
+/// chart's Istio variant renders it: every pick is answered (no fail-open),
+/// and reports still reach the picking replica through the cluster's
+/// `override_host` policy (the chart's `-indexer-lb` EnvoyFilter patch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_istios_cluster_name_picks_are_answered_and_reports_find_their_replica() {
+    let _g = serial().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = istio_named_envoy_config(dir.path()).expect("envoy config");
+    let c = Cluster::start(ClusterOptions {
+        envoy_config: Some(config),
+        ..options()
+    })
+    .await
+    .expect("cluster");
+
+    let statuses = traffic(&c, "istio", 30, 3).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let mut routed_total = 0.0;
+    for r in [0, 1] {
+        let (routed, unmatched) = counts(&c, r).await.unwrap();
+        assert!(routed >= 3.0, "replica {r} routed {routed}");
+        assert_eq!(unmatched, 0.0, "replica {r}: reports went elsewhere");
+        routed_total += routed;
+    }
+    // Every request was picked by a replica: none failed open.
+    assert_eq!(routed_total, statuses.len() as f64);
+    let steered = c
+        .envoy_stat("wasmcustom.kvsteer_filter_steered")
+        .await
+        .expect("envoy stats");
+    assert_eq!(steered, statuses.len() as u64, "the filter failed open");
+    wait_until("no load left on either replica", WAIT, || async {
+        (in_flight(&c, 0).await.ok()? == 0 && in_flight(&c, 1).await.ok()? == 0).then_some(())
+    })
+    .await
+    .unwrap();
 }

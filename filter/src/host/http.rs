@@ -178,7 +178,7 @@ impl KvsteerHttp {
         let message = request.encode_to_vec();
         let sent_at = calls::now();
         match calls::grpc_call(
-            &shared.config.indexer_cluster,
+            &shared.indexer_target,
             paths::PICK,
             Vec::new(),
             &message,

@@ -33,6 +33,9 @@ const REPORT_TICK: Duration = Duration::from_millis(1);
 /// What every HTTP context of one plugin configuration shares.
 pub(crate) struct Shared {
     pub(crate) config: FilterConfig,
+    /// The upstream of every gRPC call: the cluster name, or a serialized
+    /// `GrpcService` naming cluster and authority (`grpc_target`).
+    pub(crate) indexer_target: String,
     pub(crate) metrics: Metrics,
     pick_ids: RefCell<PickIds>,
     outbox: RefCell<Outbox>,
@@ -109,7 +112,7 @@ impl Shared {
             vec![(REPLICA_HEADER, report.replica.as_bytes())]
         };
         match calls::grpc_call(
-            &self.config.indexer_cluster,
+            &self.indexer_target,
             paths::REPORT,
             metadata,
             &message,
@@ -203,8 +206,12 @@ impl RootContext for KvsteerRoot {
         match FilterConfig::from_json(&bytes) {
             Ok(config) => {
                 log::info!(
-                    "kvsteer-filter: configured: indexer cluster {}, timeout {} ms, paths {:?}",
+                    "kvsteer-filter: configured: indexer cluster {} (authority {}), timeout {} ms, paths {:?}",
                     config.indexer_cluster,
+                    config
+                        .indexer_authority
+                        .as_deref()
+                        .unwrap_or("the cluster name"),
                     config.timeout_ms,
                     config.paths
                 );
@@ -212,6 +219,7 @@ impl RootContext for KvsteerRoot {
                     since_epoch().map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
                 let salt = [now_ns, u64::from(self.context_id)];
                 self.shared = Some(Rc::new(Shared {
+                    indexer_target: config.indexer_target(),
                     config,
                     metrics: Metrics::define(),
                     pick_ids: RefCell::new(PickIds::random(&salt)),

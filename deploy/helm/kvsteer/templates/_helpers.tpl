@@ -67,7 +67,9 @@ pools share (a single pool: its matchLabels). */}}
 {{/* The filter's PluginConfig JSON, for a given indexer cluster name. */}}
 {{- define "kvsteer.filter.json" -}}
 {{- $f := .root.Values.filter -}}
-{{- dict "indexer_cluster" .cluster "timeout_ms" $f.timeoutMs "paths" $f.paths "tenant_header" $f.tenantHeader "trust_tenant_header" $f.trustTenantHeader "max_body_bytes" $f.maxBodyBytes "destination_header" "x-gateway-destination-endpoint" "report" $f.report | toJson -}}
+{{- $json := dict "indexer_cluster" .cluster "timeout_ms" $f.timeoutMs "paths" $f.paths "tenant_header" $f.tenantHeader "trust_tenant_header" $f.trustTenantHeader "max_body_bytes" $f.maxBodyBytes "destination_header" "x-gateway-destination-endpoint" "report" $f.report -}}
+{{- with .authority }}{{ $_ := set $json "indexer_authority" . }}{{ end -}}
+{{- $json | toJson -}}
 {{- end -}}
 
 {{/* The override_host policy (header set by the filter, round-robin fallback), as YAML. */}}
@@ -80,6 +82,24 @@ policies:
         # Set by the kvsteer filter: "ip:port[,ip:port...]", best first.
         override_host_sources:
           - header: x-gateway-destination-endpoint
+        fallback_policy:
+          policies:
+            - typed_extension_config:
+                name: envoy.load_balancing_policies.round_robin
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin
+{{- end -}}
+
+{{/* The indexer cluster's policy: a report to the replica named by the filter, picks round robin. */}}
+{{- define "kvsteer.indexerReplicaLb" -}}
+policies:
+  - typed_extension_config:
+      name: envoy.load_balancing_policies.override_host
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost
+        # Set by the kvsteer filter on reports: the picking replica's ip:port.
+        override_host_sources:
+          - header: x-kvsteer-replica
         fallback_policy:
           policies:
             - typed_extension_config:
@@ -112,7 +132,6 @@ outlier_detection:
 {{- if not .Values.models -}}{{- fail "models: at least one model" -}}{{- end -}}
 {{- if and (not .Values.discovery.enabled) (not .Values.workers) -}}{{- fail "discovery.enabled is false and workers is empty: the indexer would have no worker" -}}{{- end -}}
 {{- if and (eq .Values.index.backend "memory") (gt (int .Values.indexer.replicas) 1) -}}{{- fail "indexer.replicas > 1 needs index.backend: redis (the memory index lives in one process)" -}}{{- end -}}
-{{- if and (eq .Values.gateway "istio") (gt (int .Values.indexer.replicas) 1) -}}{{- fail "gateway: istio runs one indexer replica: the sidecars reach the indexer through Istio's own outbound cluster, which round-robins a request's reports instead of sending them to the replica that picked it (see deploy/README.md, Several indexer replicas)" -}}{{- end -}}
 {{- if and (eq .Values.index.backend "redis") (not .Values.index.redis.url) (not .Values.index.redis.existingSecret.name) -}}{{- fail "index.backend: redis needs index.redis.url or index.redis.existingSecret.name" -}}{{- end -}}
 {{- if and (eq .Values.gateway "envoyGateway") (ne .Values.wasm.source "image") -}}{{- fail "gateway: envoyGateway needs wasm.source: image (Envoy Gateway loads Wasm from an OCI image or an HTTP URL, not from a ConfigMap)" -}}{{- end -}}
 {{- if and (eq .Values.gateway "istio") (ne .Values.wasm.source "configMap") -}}{{- fail "gateway: istio needs wasm.source: configMap (the EnvoyFilter loads a local file; a WasmPlugin, which pulls images, cannot set allow_on_headers_stop_iteration: see deploy/README.md)" -}}{{- end -}}
