@@ -5,7 +5,7 @@ use anyhow::Context;
 use serde_json::Value;
 
 use crate::paths::Paths;
-use crate::process::{Proc, wait_http_ok, wait_until};
+use crate::process::{Proc, spawn_envoy, wait_http_ok, wait_until};
 
 /// The model name the local layout serves.
 pub const MODEL: &str = "Qwen/Qwen3-8B";
@@ -309,13 +309,16 @@ impl Cluster {
             config = self.dir.path().join("envoy.yaml");
             std::fs::write(&config, text.replace(first, &format!("{first}{more}")))?;
         }
-        let mut cmd = Command::new(&self.paths.envoy);
-        cmd.current_dir(&self.paths.root)
-            .arg("-c")
-            .arg(&config)
-            .args(["--disable-hot-restart", "--log-level", "info"]);
-        self.envoy = Some(Proc::spawn("envoy", cmd, self.dir.path())?);
-        wait_http_ok("http://127.0.0.1:9901/ready", START_LIMIT).await
+        let envoy = spawn_envoy(
+            &self.paths.envoy,
+            &self.paths.root,
+            &config,
+            self.dir.path(),
+            START_LIMIT,
+        )
+        .await?;
+        self.envoy = Some(envoy);
+        Ok(())
     }
 
     /// `GET /debug/workers` of the indexer.

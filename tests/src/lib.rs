@@ -17,7 +17,7 @@ mod recorder;
 pub use cluster::{Cluster, ClusterOptions, MODEL, SimOptions, metric_sum, workers_of};
 pub use http::{ChatReply, chat_body, send_chat, send_raw};
 pub use paths::Paths;
-pub use process::{Proc, wait_http_ok, wait_until};
+pub use process::{Proc, spawn_envoy, wait_http_ok, wait_until};
 pub use recorder::{Recorder, Recording};
 
 /// Serialises tests that use the fixed local ports.

@@ -92,6 +92,27 @@ where
     }
 }
 
+/// Starts Envoy on `config` from the repository root (the configs name the
+/// wasm by a path relative to it), logging into `log_dir`, and waits until
+/// its admin port (9901, every local config's) says it is ready.
+pub async fn spawn_envoy(
+    envoy: &Path,
+    root: &Path,
+    config: &Path,
+    log_dir: &Path,
+    limit: Duration,
+) -> anyhow::Result<Proc> {
+    let mut cmd = Command::new(envoy);
+    cmd.current_dir(root).arg("-c").arg(config).args([
+        "--disable-hot-restart",
+        "--log-level",
+        "info",
+    ]);
+    let proc = Proc::spawn("envoy", cmd, log_dir)?;
+    wait_http_ok("http://127.0.0.1:9901/ready", limit).await?;
+    Ok(proc)
+}
+
 /// Waits until `url` answers 2xx.
 pub async fn wait_http_ok(url: &str, limit: Duration) -> anyhow::Result<()> {
     let client = reqwest::Client::builder()

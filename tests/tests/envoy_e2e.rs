@@ -24,21 +24,6 @@ fn system_prompt(tag: &str) -> String {
     s
 }
 
-fn assistant_text(reply: &ChatReply) -> String {
-    // Concatenate the streamed deltas back into the assistant message.
-    reply
-        .text()
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|v| {
-            v.pointer("/choices/0/delta/content")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
-        .collect()
-}
-
 /// Runs `turns` turns of one conversation through Envoy and returns the replies.
 async fn conversation(c: &Cluster, tag: &str, turns: usize) -> anyhow::Result<Vec<ChatReply>> {
     let mut messages = vec![json!({"role": "system", "content": system_prompt(tag)})];
@@ -55,7 +40,7 @@ async fn conversation(c: &Cluster, tag: &str, turns: usize) -> anyhow::Result<Ve
             reply.status,
             reply.text()
         );
-        messages.push(json!({"role": "assistant", "content": assistant_text(&reply)}));
+        messages.push(json!({"role": "assistant", "content": reply.content()}));
         replies.push(reply);
     }
     Ok(replies)

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use kvsteer_e2e::{
-    ChatReply, Paths, Proc, chat_body, metric_sum, send_chat, serial, wait_http_ok, wait_until,
-    workers_of,
+    ChatReply, Paths, Proc, chat_body, metric_sum, send_chat, serial, spawn_envoy, wait_http_ok,
+    wait_until, workers_of,
 };
 use serde_json::{Value, json};
 
@@ -220,13 +220,16 @@ impl Stack {
             .context("reading envoy/local/envoy.yaml")?;
         let path = self.dir.path().join("envoy.yaml");
         std::fs::write(&path, envoy_config(&template, &self.paths.wasm)?)?;
-        let mut cmd = Command::new(&self.paths.envoy);
-        cmd.current_dir(&self.paths.root)
-            .arg("-c")
-            .arg(&path)
-            .args(["--disable-hot-restart", "--log-level", "info"]);
-        self.envoy = Some(Proc::spawn("envoy", cmd, self.dir.path())?);
-        wait_http_ok("http://127.0.0.1:9901/ready", WAIT).await
+        let envoy = spawn_envoy(
+            &self.paths.envoy,
+            &self.paths.root,
+            &path,
+            self.dir.path(),
+            WAIT,
+        )
+        .await?;
+        self.envoy = Some(envoy);
+        Ok(())
     }
 
     /// The indexer's `/debug/workers` list.
