@@ -14,8 +14,8 @@
 //!
 //! Tools: `$KVSTEER_HELM`, `$KVSTEER_KUBERNETES_VALIDATE`, `$KVSTEER_ENVOY`
 //! must exist when set (scripts/test.sh sets them); unset, they are looked
-//! for in .cache/bin, .venv/bin and on PATH, and a missing one is reported
-//! and its checks skipped.
+//! for in .cache/bin, .venv/bin and on PATH, and a missing one fails the
+//! test (`KVSTEER_SKIP_MISSING_TOOLS=1` skips its checks instead, saying so).
 
 #[path = "helm_chart/schema.rs"]
 mod schema;
