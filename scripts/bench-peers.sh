@@ -7,11 +7,12 @@
 # completions with text prompts (so every router takes them), TTFT is measured
 # at the client (`kvsteer-sim bench --live --chat`).
 #
-#   scripts/bench-peers.sh [--quick] [--workloads LIST] [--out DIR]
+#   scripts/bench-peers.sh [--quick] [--workloads LIST] [--targets LIST] [--out DIR]
 #   scripts/bench-peers.sh --overhead
 #
 # Without --quick: three workloads (shared-prefix, mixed, multi-turn; or the
-# comma-separated LIST of them), from a light rate to past capacity
+# comma-separated LIST of them; --targets: a subset of kvsteer,
+# sglang_cache_aware, vllm_cache_aware, vllm_kv_aware, round_robin), from a light rate to past capacity
 # (BENCHMARKS.md, "Live against the peers"); ~65 minutes. --quick: shared-prefix at one rate for 30 s (~3 minutes).
 # Results: DIR/<workload>.json (+ PNG plots beside it) and a table on stdout.
 # --overhead: the latency each router adds at light load, against the same
@@ -28,13 +29,15 @@ OUT=sim/benchmarks/peers
 QUICK=0
 OVERHEAD=0
 WORKLOADS=shared-prefix,mixed,multi-turn
+ONLY_TARGETS=
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) QUICK=1 ;;
     --overhead) OVERHEAD=1 ;;
     --out) OUT=$2; shift ;;
     --workloads) WORKLOADS=$2; shift ;;
-    *) die "unknown argument $1 (usage: scripts/bench-peers.sh [--quick] [--workloads LIST] [--out DIR] | --overhead)" ;;
+    --targets) ONLY_TARGETS=$2; shift ;;
+    *) die "unknown argument $1 (usage: scripts/bench-peers.sh [--quick] [--workloads LIST] [--targets LIST] [--out DIR] | --overhead)" ;;
   esac
   shift
 done
@@ -121,6 +124,14 @@ TARGETS=(
   vllm_kv_aware=http://127.0.0.1:$VLLM_KV_PORT
   round_robin=http://127.0.0.1:8081
 )
+if [ -n "$ONLY_TARGETS" ]; then
+  chosen=()
+  for t in "${TARGETS[@]}"; do
+    case ",$ONLY_TARGETS," in *",${t%%=*},"*) chosen+=("$t") ;; esac
+  done
+  [ ${#chosen[@]} -gt 0 ] || die "--targets $ONLY_TARGETS names none of: ${TARGETS[*]%%=*}"
+  TARGETS=("${chosen[@]}")
+fi
 
 # run NAME RATES BENCH-ARGS…: one workload, every target at every rate.
 run() {
