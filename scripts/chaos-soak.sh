@@ -10,7 +10,8 @@
 #   scripts/chaos-soak.sh --duration 300   # any length; other flags go to kvsteer-chaos
 #
 # The layout uses fixed ports (8080/9901, 9090/9091, 8001-8003, 5557-5569):
-# the soak holds /tmp/kvsteer-e2e.lock like the end-to-end tests.
+# the soak holds /tmp/kvsteer-e2e.lock like the end-to-end tests (it takes
+# the lock itself: running it under another `flock` of that file deadlocks).
 # KVSTEER_SOAK_NO_BUILD=1 skips the build (when the caller just built).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
