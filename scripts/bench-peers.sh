@@ -5,7 +5,7 @@
 # plain round robin. Every target gets the same seeded arrivals with the
 # workers' prefix caches emptied before its run; requests are streamed chat
 # completions with text prompts (so every router takes them), TTFT is measured
-# at the client (`kvsteer-sim bench --live --chat`).
+# at the client (`kvsteer-bench --live --chat`).
 #
 #   scripts/bench-peers.sh [--quick] [--workloads LIST] [--targets LIST] [--out DIR]
 #   scripts/bench-peers.sh --overhead
@@ -17,7 +17,7 @@
 # Results: DIR/<workload>.json (+ PNG plots beside it) and a table on stdout.
 # --overhead: the latency each router adds at light load, against the same
 # request sent straight to a worker (workers with a near-zero step time,
-# `kvsteer-sim overhead`, 1,000-token chat prompts, 10 requests/s).
+# `kvsteer-bench overhead`, 1,000-token chat prompts, 10 requests/s).
 # Routers install into .cache/peers/ (own venvs, ~150 MB each, no torch).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -107,7 +107,7 @@ if [ "$OVERHEAD" = 1 ]; then
     vllm_cache_aware=http://127.0.0.1:$VLLM_CACHE_PORT vllm_kv_aware=http://127.0.0.1:$VLLM_KV_PORT \
     envoy_round_robin=http://127.0.0.1:8081; do
     log "overhead: ${t%%=*} against the worker directly"
-    "$KVSTEER_BIN/kvsteer-sim" overhead --kvsteer "${t#*=}" --baseline "${WORKERS[0]}" \
+    "$KVSTEER_BIN/kvsteer-bench" overhead --kvsteer "${t#*=}" --baseline "${WORKERS[0]}" \
       --model "$KVSTEER_MODEL" --prompt-tokens 1000 --rate 10 --requests 300
   done
   exit 0
@@ -138,7 +138,7 @@ run() {
   local name=$1 rates=$2
   shift 2
   log "live: $name at $rates rpm against ${#TARGETS[@]} targets"
-  "$KVSTEER_BIN/kvsteer-sim" bench --live --chat --tokenizer .cache/tokenizers/qwen3 \
+  "$KVSTEER_BIN/kvsteer-bench" --live --chat --tokenizer .cache/tokenizers/qwen3 \
     --live-time-scale "$TIME_SCALE" --model "$KVSTEER_MODEL" --target "${TARGETS[@]}" \
     --reset-worker "${WORKERS[@]}" --workers 3 --profile "$PROFILE" --seed "$SEED" \
     --rates "$rates" --out "$OUT/$name.json" "$@"

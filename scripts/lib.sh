@@ -121,11 +121,11 @@ build_all() {
   (cd "$KVSTEER_ROOT" && cargo build --quiet -p kvsteer-filter --target wasm32-wasip1 --release)
   if [ "${1:-}" = release ]; then
     log "building kvsteer-sim and kvsteer-indexer (release)"
-    (cd "$KVSTEER_ROOT" && cargo build --quiet --release -p kvsteer-sim -p kvsteer-indexer --bins)
+    (cd "$KVSTEER_ROOT" && cargo build --quiet --release -p kvsteer-sim -p kvsteer-bench -p kvsteer-indexer --bins)
     KVSTEER_BIN=$KVSTEER_ROOT/target/release
   else
     log "building kvsteer-sim and kvsteer-indexer"
-    (cd "$KVSTEER_ROOT" && cargo build --quiet -p kvsteer-sim -p kvsteer-indexer --bins)
+    (cd "$KVSTEER_ROOT" && cargo build --quiet -p kvsteer-sim -p kvsteer-bench -p kvsteer-indexer --bins)
     KVSTEER_BIN=$KVSTEER_ROOT/target/debug
   fi
   export KVSTEER_BIN

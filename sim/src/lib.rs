@@ -3,12 +3,12 @@
 //! - [`engine`]: the core state machine (paged KV cache, prefix caching,
 //!   continuous batching, KV events), driven step by step with explicit time.
 //! - [`profile`]: how long a step takes.
-//! - [`bench`]: the routing-policy benchmark (virtual time and live).
 //! - [`live`]: a streaming client and scripted workloads against real endpoints.
+//!
+//! The routing-policy benchmark is its own crate, `kvsteer-bench` (`bench/`).
 //! - [`server`]: the `kvsteer-sim engine` HTTP + ZeroMQ server around the core.
 #![forbid(unsafe_code)]
 
-pub mod bench;
 pub mod cli;
 pub mod engine;
 pub mod live;

@@ -1,13 +1,12 @@
 //! `kvsteer-sim`: a vLLM-compatible engine simulator.
 //!
 //! Subcommands: `engine` (one simulated vLLM server), `converse` (a scripted
-//! multi-turn workload against an endpoint), `bench` (routing-policy
-//! benchmark, in virtual time or live).
+//! multi-turn workload against an endpoint). The routing-policy benchmark
+//! is `kvsteer-bench` (crate `bench/`).
 #![forbid(unsafe_code)]
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use kvsteer_sim::bench::BenchArgs;
 use kvsteer_sim::cli::engine::EngineArgs;
 use kvsteer_sim::live::converse::{self, ConverseArgs};
 use kvsteer_sim::server::ServerHandle;
@@ -26,16 +25,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve one simulated vLLM engine (OpenAI HTTP + ZeroMQ KV events).
-    Engine(EngineArgs),
+    Engine(Box<EngineArgs>),
     /// Run a scripted multi-turn chat workload against an endpoint and print,
     /// per request, the worker that served it, cached tokens and TTFT.
     Converse(ConverseArgs),
-    /// Measure the latency kvsteer's filter and indexer add over the same
-    /// Envoy with plain round robin, side by side at a fixed rate.
-    Overhead(kvsteer_sim::live::overhead::OverheadArgs),
-    /// Compare routing policies on the same arrivals: in virtual time
-    /// (default; deterministic for a seed) or live through Envoy (`--live`).
-    Bench(BenchArgs),
 }
 
 #[tokio::main]
@@ -47,10 +40,8 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     match Cli::parse().command {
-        Command::Engine(args) => run_engine(args).await,
+        Command::Engine(args) => run_engine(*args).await,
         Command::Converse(args) => converse::run(&args).await.map(|_| ()),
-        Command::Overhead(args) => kvsteer_sim::live::overhead::run(&args).await,
-        Command::Bench(args) => kvsteer_sim::bench::cli::run(&args).await,
     }
 }
 

@@ -1,7 +1,7 @@
 //! A streaming OpenAI client that measures what a user feels: time to first
 //! token, end-to-end latency, which worker answered and how much of the prompt
 //! was already cached there. Used by `kvsteer-sim converse` and by the live
-//! mode of `kvsteer-sim bench`.
+//! mode of `kvsteer-bench`.
 
 use std::time::{Duration, Instant};
 

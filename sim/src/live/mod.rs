@@ -2,8 +2,5 @@
 //! a streaming client that measures time to first token on the client side,
 //! and the scripted multi-turn workload of `kvsteer-sim converse`.
 
-pub mod bench;
 pub mod client;
 pub mod converse;
-pub mod overhead;
-pub mod words;

@@ -1,4 +1,4 @@
-//! `kvsteer-sim bench`: routing policies compared on the same arrivals, in
+//! `kvsteer-bench`: routing policies compared on the same arrivals, in
 //! virtual time (default) or live through Envoy (`--live`).
 //!
 //! ```text
@@ -21,6 +21,14 @@ pub mod summary;
 pub mod tokens;
 pub mod trace;
 pub mod workload;
+
+/// Live runs through real endpoints (`--live`) and the latency a router
+/// adds (`kvsteer-bench overhead`).
+pub mod live {
+    pub mod bench;
+    pub mod overhead;
+    pub mod words;
+}
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,4 +1,4 @@
-//! `kvsteer-sim bench` flags (a contract: outside checks run them) and their
+//! `kvsteer-bench` flags (a contract: outside checks run them) and their
 //! per-workload defaults.
 
 use std::path::PathBuf;
@@ -11,8 +11,8 @@ use super::driver::RunConfig;
 use super::policy::{ALL_POLICIES, BenchPolicy};
 use super::trace::{self, TraceRequest};
 use super::workload::{Sizes, WorkloadKind};
-use crate::engine::EngineConfig;
-use crate::profile::TimingProfile;
+use kvsteer_sim::engine::EngineConfig;
+use kvsteer_sim::profile::TimingProfile;
 
 pub const DEFAULT_RATES: &str = "10,20,40,60,80,100,120";
 pub const DEFAULT_DURATION_S: f64 = 600.0;

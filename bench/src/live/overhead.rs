@@ -1,4 +1,4 @@
-//! `kvsteer-sim overhead`: the latency the kvsteer filter and indexer add to a
+//! `kvsteer-bench overhead`: the latency the kvsteer filter and indexer add to a
 //! request, measured side by side against the same Envoy with plain round
 //! robin, in one run, at a fixed request rate.
 //!

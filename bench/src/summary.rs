@@ -188,7 +188,7 @@ pub fn summarize(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::workload::Tenant;
+    use crate::workload::Tenant;
 
     fn rec(worker: usize, arrival: f64, ttft: f64, e2e: f64) -> RequestRecord {
         RequestRecord {

@@ -1,8 +1,8 @@
 //! The virtual-time benchmark end to end, on the fast `test` profile.
 
 use clap::Parser;
-use kvsteer_sim::bench::cli::config_json;
-use kvsteer_sim::bench::{BenchArgs, report, run_virtual};
+use kvsteer_bench::cli::config_json;
+use kvsteer_bench::{BenchArgs, report, run_virtual};
 
 #[derive(Parser)]
 struct Cli {

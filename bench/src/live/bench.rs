@@ -1,4 +1,4 @@
-//! `kvsteer-sim bench --live`: the same workload plans as the virtual-time
+//! `kvsteer-bench --live`: the same workload plans as the virtual-time
 //! benchmark, sent as real streaming `/v1/completions` requests (prompts as
 //! token ids) at their planned times to each `--target` in turn (e.g.
 //! Envoy with kvsteer, then Envoy with plain round robin, in front of the
@@ -25,13 +25,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::json;
 
-use super::client::{ClientError, Observed, stream_request};
 use super::words::Words;
-use crate::bench::args::{Resolved, workload_name};
-use crate::bench::driver::{RequestRecord, RunOutput};
-use crate::bench::summary::summarize;
-use crate::bench::workload::{Plan, Tenant, What, WorkloadKind};
-use crate::bench::{cli::config_json, report};
+use crate::args::{Resolved, workload_name};
+use crate::driver::{RequestRecord, RunOutput};
+use crate::summary::summarize;
+use crate::workload::{Plan, Tenant, What, WorkloadKind};
+use crate::{cli::config_json, report};
+use kvsteer_sim::live::client::{ClientError, Observed, stream_request};
 
 /// Requests are abandoned after this long.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
@@ -112,7 +112,7 @@ pub async fn run(args: &Resolved) -> anyhow::Result<()> {
         config["live_chat"] = json!(raw.chat);
         config["live_time_scale"] = json!(scale);
         report::write_json(out, config, &runs)?;
-        crate::bench::cli::write_plots(args.args(), out, &runs);
+        crate::cli::write_plots(args.args(), out, &runs);
     }
     Ok(())
 }
@@ -422,10 +422,10 @@ impl SessionRun<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::workload::Sizes;
-    use crate::engine::EngineConfig;
-    use crate::profile::TimingProfile;
-    use crate::server::{ServerConfig, ServerHandle};
+    use crate::workload::Sizes;
+    use kvsteer_sim::engine::EngineConfig;
+    use kvsteer_sim::profile::TimingProfile;
+    use kvsteer_sim::server::{ServerConfig, ServerHandle};
 
     /// An in-process simulated worker on a free loopback port, running 100×
     /// faster than the `test` profile's clock.

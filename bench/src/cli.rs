@@ -1,4 +1,4 @@
-//! `kvsteer-sim bench` entry point: resolve flags, run, print, write.
+//! `kvsteer-bench` entry point: resolve flags, run, print, write.
 
 use std::path::{Path, PathBuf};
 

@@ -18,7 +18,7 @@ use kvsteer_kv_events::{Encoding, encode_batch};
 use super::policy::BenchPolicy;
 use super::router::{Latency, VirtualRouter};
 use super::workload::{Plan, Tenant, What};
-use crate::engine::{Engine, EngineConfig, SimRequest, StepOutput, to_event_batch};
+use kvsteer_sim::engine::{Engine, EngineConfig, SimRequest, StepOutput, to_event_batch};
 
 /// Everything a run needs besides the plan.
 #[derive(Debug, Clone)]

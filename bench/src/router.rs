@@ -33,7 +33,7 @@ use rand_chacha::ChaCha8Rng;
 use super::peers::{DynamoLike, PeerView, SglangLike};
 use super::policy::BenchPolicy;
 use super::service::ServicePool;
-use crate::engine::EngineStats;
+use kvsteer_sim::engine::EngineStats;
 
 /// The model name the simulated workers serve (keys are seeded by it).
 pub const MODEL: &str = "kvsteer-sim/bench";
@@ -295,10 +295,10 @@ impl VirtualRouter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::policy::IndexerPolicy;
-    use crate::engine::{Engine, EngineConfig, SimRequest, to_event_batch};
-    use crate::profile::TimingProfile;
+    use crate::policy::IndexerPolicy;
     use kvsteer_kv_events::{Encoding, encode_batch};
+    use kvsteer_sim::engine::{Engine, EngineConfig, SimRequest, to_event_batch};
+    use kvsteer_sim::profile::TimingProfile;
 
     /// KV event payloads of one engine serving `prompt` to the end.
     fn served(prompt: &[u32]) -> Vec<Vec<u8>> {
