@@ -2,12 +2,12 @@
 //! ledger, route memory, scoring) driven with virtual timestamps instead
 //! of a wall clock.
 //!
-//! The indexer's policies pick with `Picker::pick_ids` (what `Picker::pick`
-//! does after tokenizing: we have token ids) at `base + t` with a seeded
-//! draw for `random`, and reports go through `Picker::report`; scrapes are
-//! recorded in the workers' `Health` as the service's scrape loop does. The
-//! peer policies score `Picker::sight` (the same lookup and views, changing
-//! nothing) with their own rules and record their picks in the request ledger
+//! The indexer's policies pick with `Picker::pick_at` (the service's pick
+//! at a given moment; the prompts are token ids, as in a completions
+//! request) at `base + t` with a seeded draw for `random`, and reports go
+//! through `Picker::report`; scrapes are recorded in the workers' `Health`
+//! as the service's scrape loop does. The peer policies score
+//! `Picker::view` (the same lookup and views, changing nothing) with their own rules and record their picks in the request ledger
 //! so that their predictions are measured alike. Virtual time maps onto
 //! `Instant`s as `base + t`, so the ledger's durations are virtual durations.
 
@@ -21,11 +21,13 @@ use kvsteer_indexer::app::build_picker;
 use kvsteer_indexer::config::{Config, ModelConfig, ScoringConfig, WorkerConfig};
 use kvsteer_indexer::index::Index;
 use kvsteer_indexer::ledger::Entry;
-use kvsteer_indexer::picker::{IdsInput, Mode, PickAt, Picker, Sight};
-use kvsteer_indexer::report::Report;
+use kvsteer_indexer::picker::report::Report;
+use kvsteer_indexer::picker::{Mode, PickAt, PickInput, PickView, Picker};
+use kvsteer_indexer::prompt::Prompt;
 use kvsteer_indexer::scoring::{self, HistogramMean, Prediction, ScrapedLoad};
 use kvsteer_indexer::workers::Workers;
 use kvsteer_kv_events::decode_batch;
+use kvsteer_tokenize::CompletionPrompt;
 use prometheus_client::registry::Registry;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -105,8 +107,8 @@ impl VirtualRouter {
             cfg.scoring.policy = p.into();
         }
         // The bench reads no metrics: they are counted and dropped.
-        let (picker, registered, index, _) =
-            build_picker(&cfg, HashMap::new(), &mut Registry::default());
+        let picker = build_picker(&cfg, HashMap::new(), &mut Registry::default());
+        let (registered, index) = (picker.workers().clone(), picker.index().clone());
         Self {
             policy,
             picker,
@@ -135,14 +137,17 @@ impl VirtualRouter {
         let request_id = id.to_string();
         match self.policy {
             BenchPolicy::Indexer(_) => {
-                let input = IdsInput {
+                let input = PickInput {
                     request_id,
                     tenant: TENANT.to_owned(),
                     model: MODEL.to_owned(),
-                    token_ids: prompt.to_vec(),
+                    prompt: Ok(Prompt::Completion {
+                        prompt: CompletionPrompt::Ids(prompt.to_vec()),
+                        add_special_tokens: None,
+                    }),
                     cache_salt: None,
                 };
-                let out = block_on(self.picker.pick_ids(input, Mode::Commit, at));
+                let out = block_on(self.picker.pick_at(input, Mode::Commit, at));
                 let c = out
                     .candidates
                     .iter()
@@ -172,9 +177,9 @@ impl VirtualRouter {
     ) -> Choice {
         let at = self.instant(now);
         let prompt_tokens = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
-        let Sight {
+        let PickView {
             keys, found, views, ..
-        } = block_on(self.picker.sight(MODEL, prompt, None, at))
+        } = block_on(self.picker.view(MODEL, prompt, None, at))
             .expect("the bench registers its model");
         let n = views.len().max(1);
         let counter = self.counter;
@@ -257,7 +262,7 @@ impl VirtualRouter {
         }
     }
 
-    /// A metrics scrape of every engine, and the ledger's TTL sweep (the
+    /// A metrics scrape of every engine, and the housekeeping sweep (the
     /// service does both on its scrape timer). `latency` is each engine's
     /// cumulative e2e and TTFT histogram (sum, count), as `/metrics` has them.
     pub fn scrape(&mut self, stats: &[EngineStats], latency: &[Latency], now: f64) {
@@ -278,7 +283,7 @@ impl VirtualRouter {
             };
             w.health.record(Ok(load), at);
         }
-        self.picker.ledger().expire(at);
+        self.picker.housekeep(at);
     }
 
     /// Calibrated prefill rate per worker (tokens/s).

@@ -13,7 +13,7 @@
 use kvsteer_indexer::config::TenantsConfig;
 use kvsteer_indexer::index::redis::testing::RedisServer;
 use kvsteer_indexer::tenancy::{Ending, Tenancy, TenancyMetrics};
-use kvsteer_indexer::{app::build_picker, picker::Mode, report::Report};
+use kvsteer_indexer::{app::build_picker, picker::Mode, picker::report::Report};
 use kvsteer_tokenize::{ChatRequest, PromptTokenizer};
 use prometheus_client::registry::Registry;
 use rand::{SeedableRng, rngs::SmallRng};
@@ -32,8 +32,8 @@ fn main() {
     let tok = Arc::new(PromptTokenizer::from_dir(&dir).unwrap());
     let mut tokenizers = HashMap::new();
     tokenizers.insert(MODEL.to_owned(), tok.clone());
-    let (picker, _workers, index, _metrics) =
-        build_picker(&cfg, tokenizers, &mut Registry::default());
+    let picker = build_picker(&cfg, tokenizers, &mut Registry::default());
+    let index = picker.index().clone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();

@@ -24,7 +24,7 @@ use kvsteer_indexer::index::redis::{LookupMode, RedisBackend, RedisConfig, Redis
 use kvsteer_indexer::index::{IndexBackend, KeyOp, Tier, WorkerId};
 use kvsteer_indexer::keys::{BlockKey, KeyContext, prompt_keys};
 use kvsteer_indexer::picker::Mode;
-use kvsteer_indexer::report::Report;
+use kvsteer_indexer::picker::report::Report;
 use kvsteer_tokenize::PromptTokenizer;
 use prometheus_client::registry::Registry;
 use rand::rngs::SmallRng;
@@ -288,7 +288,7 @@ async fn run() {
 /// turn is a new prompt, so every lookup goes to Redis).
 async fn picks(server: &RedisServer) {
     let redis_index = format!(
-        "index:\n  backend: redis\n  redis_url: {}\n  redis:\n    key_prefix: kvpickbench\n    lookup_timeout_ms: 1000\n",
+        "index:\n  backend: redis\n  redis:\n    url: {}\n    key_prefix: kvpickbench\n    lookup_timeout_ms: 1000\n",
         server.url()
     );
     let tok = Arc::new(
@@ -306,7 +306,8 @@ async fn picks(server: &RedisServer) {
         let mut registry = Registry::default();
         let (index, _) = build_index(&cfg, &mut registry).await.expect("index");
         let tokenizers = HashMap::from([(MODEL.to_owned(), tok.clone())]);
-        let (picker, _, index, _) = build_picker_on(&cfg, tokenizers, &mut registry, index);
+        let picker = build_picker_on(&cfg, tokenizers, &mut registry, index);
+        let index = picker.index().clone();
         index.apply_batch(2, &stored(&ids, 1)).await;
         let mut took = Vec::with_capacity(PICKS);
         let (mut matched, mut degraded) = (0, 0);

@@ -168,7 +168,10 @@ pub fn router(state: AdminState) -> Router {
 }
 
 async fn metrics(State(s): State<AdminState>) -> Response {
-    s.picker.metrics.index_entries.set(s.index.entries() as i64);
+    s.picker
+        .metrics()
+        .index_entries
+        .set(s.index.entries() as i64);
     let mut out = String::new();
     match prometheus_client::encoding::text::encode(&mut out, &s.registry) {
         Ok(()) => (
@@ -214,8 +217,8 @@ async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
 }
 
 async fn workers(State(s): State<AdminState>) -> Json<Value> {
-    let loads = s.picker.ledger.snapshot();
-    let ledger = s.picker.ledger.stats();
+    let loads = s.picker.ledger().snapshot();
+    let ledger = s.picker.ledger().stats();
     let down_after = s.picker.down_after();
     let list: Vec<Value> = s
         .workers

@@ -115,7 +115,7 @@ pub async fn build_index(
     match cfg.index.backend {
         IndexBackend::Memory => Ok((Index::memory(cfg.index.capacity), None)),
         IndexBackend::Redis => {
-            let rcfg = cfg.index.redis_config();
+            let rcfg = cfg.index.redis.clone();
             let metrics = RedisMetrics::register(registry);
             let backend = Arc::new(RedisBackend::new(rcfg.clone(), metrics.clone()).await?);
             let index = if rcfg.cache_entries == 0 {
@@ -133,13 +133,14 @@ pub async fn build_index(
     }
 }
 
-/// The picker and its collaborators on a memory index, without any task or
-/// listener (benchmarks and tests drive it directly).
+/// The picker on a memory index, without any task or listener (benchmarks
+/// and tests drive it directly; its workers, index and metrics are
+/// [`Picker::workers`], [`Picker::index`], [`Picker::metrics`]).
 pub fn build_picker(
     cfg: &Config,
     tokenizers: HashMap<String, Arc<PromptTokenizer>>,
     registry: &mut Registry,
-) -> (Arc<Picker>, Arc<Workers>, Index, Arc<Metrics>) {
+) -> Arc<Picker> {
     let index = Index::memory(cfg.index.capacity);
     build_picker_on(cfg, tokenizers, registry, index)
 }
@@ -150,7 +151,7 @@ pub fn build_picker_on(
     tokenizers: HashMap<String, Arc<PromptTokenizer>>,
     registry: &mut Registry,
     index: Index,
-) -> (Arc<Picker>, Arc<Workers>, Index, Arc<Metrics>) {
+) -> Arc<Picker> {
     let metrics = Arc::new(Metrics::new(registry, &cfg.tenants.metrics_allowlist));
     let capacity = cfg.workers.len() + cfg.discovery.max_workers();
     let workers = Arc::new(Workers::with_capacity(&cfg.workers, capacity));
@@ -158,14 +159,7 @@ pub fn build_picker_on(
         let block_size = cfg.model(&w.cfg.model).map_or(16, |m| m.block_size);
         index.register_worker(w.id, &w.cfg.model, block_size);
     }
-    let picker = Arc::new(Picker::new(
-        cfg,
-        tokenizers,
-        index.clone(),
-        workers.clone(),
-        metrics.clone(),
-    ));
-    (picker, workers, index, metrics)
+    Arc::new(Picker::new(cfg, tokenizers, index, workers, metrics))
 }
 
 /// Starts everything; listeners are bound before this returns.
@@ -173,11 +167,16 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
     let tokenizers = load_tokenizers(&cfg)?;
     let mut registry = Registry::default();
     let (index, redis) = build_index(&cfg, &mut registry).await?;
-    let (picker, workers, index, metrics) = build_picker_on(&cfg, tokenizers, &mut registry, index);
+    let picker = build_picker_on(&cfg, tokenizers, &mut registry, index);
+    let (workers, index, metrics) = (
+        picker.workers().clone(),
+        picker.index().clone(),
+        picker.metrics().clone(),
+    );
     let tenancy = Arc::new(Tenancy::new(
         cfg.tenants.clone(),
-        Some(cfg.index.redis_config().url.as_str()).filter(|u| !u.is_empty()),
-        &cfg.index.redis_config().key_prefix,
+        Some(cfg.index.redis.url.as_str()).filter(|u| !u.is_empty()),
+        &cfg.index.redis.key_prefix,
         Duration::from_secs(cfg.scoring.in_flight_ttl_s),
         TenancyMetrics::new(&mut registry, &cfg.tenants.metrics_allowlist),
     )?);
@@ -523,7 +522,7 @@ async fn housekeeping(picker: Arc<Picker>, cfg: Config, mut shutdown: watch::Rec
             _ = stopped(&mut shutdown) => return,
             _ = tick.tick() => {}
         }
-        let workers: Vec<_> = picker.workers.iter().collect();
+        let workers: Vec<_> = picker.workers().iter().collect();
         let scrapes = workers.iter().filter_map(|w| {
             let url = w.cfg.metrics.as_deref()?;
             let client = &client;
@@ -545,12 +544,12 @@ async fn housekeeping(picker: Arc<Picker>, cfg: Config, mut shutdown: watch::Rec
             })
         });
         futures::future::join_all(scrapes).await;
-        picker.sweep_ledger(Instant::now());
+        picker.housekeep(Instant::now());
         for w in workers.iter().filter(|w| !w.is_retired()) {
             let labels = Metrics::worker(&w.cfg.name);
             let up = w.is_up(cfg.scrape.down_after);
             picker
-                .metrics
+                .metrics()
                 .worker_up
                 .get_or_create(&labels)
                 .set(i64::from(up));

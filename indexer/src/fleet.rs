@@ -52,7 +52,7 @@ impl Fleet {
         block_sizes: HashMap<String, u32>,
     ) -> Self {
         Self {
-            workers: picker.workers.clone(),
+            workers: picker.workers().clone(),
             index,
             picker,
             streams,
@@ -87,7 +87,7 @@ impl Fleet {
                     self.tasks.lock().insert(w.id, task);
                 }
             }
-            None => streams::mark_one_disabled(&w, &self.picker.metrics),
+            None => streams::mark_one_disabled(&w, self.picker.metrics()),
         }
         tracing::info!(worker = %w.cfg.name, id = w.id, endpoint = %w.cfg.endpoint, model = %w.cfg.model, "worker joined");
         Ok(w)
@@ -124,9 +124,7 @@ impl Fleet {
         {
             tracing::debug!(worker = %w.cfg.name, %error, "lease release failed; it lapses after its TTL");
         }
-        let dropped = self.picker.ledger.forget(w.slot);
-        self.picker.routes.forget(w.slot);
-        self.picker.metrics.forget_worker(&w.cfg.name);
+        let dropped = self.picker.forget_worker(w.slot, &w.cfg.name);
         self.workers.vacate(w);
         tracing::info!(worker = %w.cfg.name, id = w.id, why, in_flight_dropped = dropped, "worker left");
     }

@@ -13,9 +13,11 @@
 
 use crate::{
     metrics::{AbandonLabels, Metrics},
-    picker::{Mode, Outcome, PickInput, Picker},
+    picker::{
+        Mode, Outcome, PickInput, Picker,
+        report::{Report, ReportKind},
+    },
     prompt,
-    report::{Report, ReportKind},
     tenancy::{Ending, Refusal, Tenancy},
 };
 use kvsteer_proto::v1::{
@@ -202,7 +204,7 @@ impl Router for RouterService {
         // From here: the body is in, so the caller's clock started a little
         // earlier (tonic's own timeout counts from the headers).
         let deadline = grpc_timeout(request.metadata()).map(|t| Instant::now() + t);
-        let abandon = Abandon::new(&self.picker.metrics, deadline);
+        let abandon = Abandon::new(self.picker.metrics(), deadline);
         let req = request.into_inner();
         let tenancy = self.tenancy.clone();
         let mut input = pick_input(&req);

@@ -125,6 +125,37 @@ pub fn prompt_keys(ctx: &KeyContext, cache_salt: Option<&str>, token_ids: &[u32]
     keys
 }
 
+// === impl KeyHasher ===
+
+/// Hasher for maps keyed by values that already are 64-bit hashes (block
+/// keys, the engine's block hashes): fold and multiply instead of SipHash.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KeyHasher;
+
+#[derive(Default)]
+pub struct KeyHasherState(u64);
+
+impl std::hash::BuildHasher for KeyHasher {
+    type Hasher = KeyHasherState;
+    fn build_hasher(&self) -> KeyHasherState {
+        KeyHasherState(0)
+    }
+}
+
+impl std::hash::Hasher for KeyHasherState {
+    fn finish(&self) -> u64 {
+        (self.0 ^ (self.0 >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.0 = xxh3_64_with_seed(bytes, self.0);
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 ^= v;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

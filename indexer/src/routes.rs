@@ -9,22 +9,43 @@
 //! prefixes the router has seen at all; [`RouteMemory`] holds both. Neither
 //! is per request: the prompts picked and not yet prefilled are the
 //! request ledger's ([`crate::ledger`]), which fills [`RouteView::queued`].
+//!
+//! Every pick reads both memories and every committed pick writes them, so
+//! they have no global lock: blocks are sharded by key (a pick locks each
+//! shard its prompt touches once, readers in parallel), each worker's entry
+//! count is an atomic kept under the shard lock that changes it, and
+//! entries leave on the housekeeping tick ([`RecentRoutes::expire`]), not
+//! inside a pick. A lookup ignores entries already past the window, so what
+//! the tick has not yet dropped never counts as this prompt's; until the
+//! tick, such entries still count in [`Routed::other_blocks`].
 
 use crate::config::ScoringConfig;
-use crate::index::memory::MixState;
-use crate::keys::BlockKey;
-use parking_lot::Mutex;
+use crate::keys::{BlockKey, KeyHasher};
+use parking_lot::RwLock;
 use std::{
+    borrow::Cow,
     collections::{HashMap, VecDeque},
+    sync::atomic::{AtomicU64, Ordering::Relaxed},
     time::{Duration, Instant},
 };
+
+/// Shards at most; a memory gets fewer when each would keep fewer than
+/// [`MIN_SHARD_ENTRIES`] entries (small memories, as in tests, keep one
+/// shard, so their bound is exact).
+const MAX_SHARDS: usize = 16;
+const MIN_SHARD_ENTRIES: usize = 4_096;
 
 /// The prompt blocks routed to each worker within a time window.
 pub struct RecentRoutes {
     window: Duration,
-    /// Entries kept at most (oldest dropped first).
-    capacity: usize,
-    inner: Mutex<RoutesInner>,
+    /// Entries each shard keeps at most (oldest dropped first).
+    shard_capacity: usize,
+    /// `log2` of the shard count.
+    shard_bits: u32,
+    shards: Box<[RwLock<Shard>]>,
+    /// Live (block, worker) entries per worker slot, changed only under the
+    /// lock of the shard whose entries change.
+    blocks: Box<[AtomicU64]>,
 }
 
 /// What the recent routes say about one worker for one prompt, in blocks.
@@ -36,105 +57,223 @@ pub struct Routed {
     pub other_blocks: u64,
 }
 
-struct RoutesInner {
+#[derive(Default)]
+struct Shard {
     /// Per block, the last time it was routed to each worker that got it
     /// (`(slot, when)`; few per block): one hash lookup per block answers
     /// for every worker, and the size does not grow with the worker slots.
-    last: HashMap<BlockKey, Vec<(u32, Instant)>, MixState>,
-    /// Routing order, for expiry; stale entries (routed again since) are
-    /// skipped when they come out.
-    order: VecDeque<(Instant, BlockKey, usize)>,
-    /// Live (block, worker) entries per worker.
-    blocks: Vec<u64>,
+    last: HashMap<BlockKey, Vec<(u32, Instant)>, KeyHasher>,
+    /// Routing order, for expiry; stale items (routed again since, or
+    /// forgotten) are skipped when they come out.
+    order: VecDeque<(Instant, BlockKey, u32)>,
+    /// Live entries in `last`.
+    entries: usize,
 }
 
 // === impl RecentRoutes ===
 
 impl RecentRoutes {
-    /// `window` zero: nothing is remembered.
+    /// `window` zero: nothing is remembered. `capacity`: entries kept at
+    /// most, over all shards.
     pub fn new(workers: usize, window: Duration, capacity: usize) -> Self {
+        let shards = (capacity / MIN_SHARD_ENTRIES).clamp(1, MAX_SHARDS);
+        // A power of two, so a key's shard is its hash's top bits.
+        let shards = if shards.is_power_of_two() {
+            shards
+        } else {
+            shards.next_power_of_two() / 2
+        };
         Self {
             window,
-            capacity,
-            inner: Mutex::new(RoutesInner {
-                last: HashMap::with_hasher(MixState),
-                order: VecDeque::new(),
-                blocks: vec![0; workers],
-            }),
+            shard_capacity: capacity.div_ceil(shards),
+            shard_bits: shards.trailing_zeros(),
+            shards: (0..shards).map(|_| RwLock::new(Shard::default())).collect(),
+            blocks: (0..workers).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
     /// Records that a prompt with these block keys was sent to `worker`.
     pub fn record(&self, worker: usize, keys: &[BlockKey], now: Instant) {
-        if self.window.is_zero() {
+        if self.window.is_zero() || worker >= self.blocks.len() {
             return;
         }
-        let mut inner = self.inner.lock();
-        if worker >= inner.blocks.len() {
-            return;
-        }
-        let RoutesInner {
-            last,
-            order,
-            blocks,
-        } = &mut *inner;
         let slot = worker as u32;
-        for &key in keys {
-            let routed = last.entry(key).or_default();
-            match routed.iter_mut().find(|(w, _)| *w == slot) {
-                Some((_, at)) => *at = now,
-                None => {
-                    routed.push((slot, now));
-                    blocks[worker] += 1;
+        let grouped = self.by_shard(keys);
+        for (shard, keys) in grouped.groups() {
+            let mut guard = self.shards[shard].write();
+            let Shard {
+                last,
+                order,
+                entries,
+            } = &mut *guard;
+            let mut added = 0;
+            for &key in keys {
+                let routed = last.entry(key).or_default();
+                match routed.iter_mut().find(|(w, _)| *w == slot) {
+                    Some((_, at)) => *at = now,
+                    None => {
+                        routed.push((slot, now));
+                        added += 1;
+                    }
                 }
+                order.push_back((now, key, slot));
             }
-            order.push_back((now, key, worker));
+            *entries += added;
+            self.blocks[worker].fetch_add(added as u64, Relaxed);
+            self.drop_front(&mut guard, None);
         }
-        inner.expire(now.checked_sub(self.window), self.capacity);
     }
 
     /// Per worker: how much of `keys`, and how much else, was routed there
-    /// within the window.
+    /// within the window. Changes nothing.
     pub fn lookup(&self, keys: &[BlockKey], now: Instant) -> Vec<Routed> {
-        let mut inner = self.inner.lock();
-        let mut seen = vec![Routed::default(); inner.blocks.len()];
+        let mut seen = vec![Routed::default(); self.blocks.len()];
         if self.window.is_zero() {
             return seen;
         }
-        inner.expire(now.checked_sub(self.window), self.capacity);
-        for key in keys {
-            let Some(routed) = inner.last.get(key) else {
-                continue;
-            };
-            for &(w, _) in routed {
-                if let Some(seen) = seen.get_mut(w as usize) {
-                    seen.prompt_blocks += 1;
+        let cutoff = now.checked_sub(self.window);
+        let grouped = self.by_shard(keys);
+        for (shard, keys) in grouped.groups() {
+            let shard = self.shards[shard].read();
+            for key in keys {
+                let Some(routed) = shard.last.get(key) else {
+                    continue;
+                };
+                for &(w, at) in routed {
+                    if cutoff.is_some_and(|c| at < c) {
+                        continue;
+                    }
+                    if let Some(seen) = seen.get_mut(w as usize) {
+                        seen.prompt_blocks += 1;
+                    }
                 }
             }
         }
-        for (routed, &blocks) in seen.iter_mut().zip(&inner.blocks) {
-            routed.other_blocks = blocks.saturating_sub(u64::from(routed.prompt_blocks));
+        for (routed, blocks) in seen.iter_mut().zip(&self.blocks) {
+            routed.other_blocks = blocks
+                .load(Relaxed)
+                .saturating_sub(u64::from(routed.prompt_blocks));
         }
         seen
     }
-}
 
-impl RecentRoutes {
-    /// Forgets everything routed to `worker` (its slot is being vacated).
-    pub fn forget(&self, worker: usize) {
-        let mut inner = self.inner.lock();
-        let RoutesInner { last, blocks, .. } = &mut *inner;
-        let Some(count) = blocks.get_mut(worker) else {
+    /// Drops the entries routed before the window at `now` (the
+    /// housekeeping tick).
+    pub fn expire(&self, now: Instant) {
+        let Some(cutoff) = now.checked_sub(self.window) else {
             return;
         };
-        *count = 0;
+        for shard in self.shards.iter() {
+            let mut shard = shard.write();
+            self.drop_front(&mut shard, Some(cutoff));
+        }
+    }
+
+    /// Forgets everything routed to `worker` (its slot is being vacated).
+    pub fn forget(&self, worker: usize) {
+        let Some(count) = self.blocks.get(worker) else {
+            return;
+        };
         let slot = worker as u32;
-        last.retain(|_, routed| {
-            routed.retain(|&(w, _)| w != slot);
-            !routed.is_empty()
-        });
-        // Its items in `order` no longer match an entry: skipped when they
-        // come out.
+        for shard in self.shards.iter() {
+            let mut shard = shard.write();
+            let mut removed = 0;
+            shard.last.retain(|_, routed| {
+                let before = routed.len();
+                routed.retain(|&(w, _)| w != slot);
+                removed += before - routed.len();
+                !routed.is_empty()
+            });
+            shard.entries -= removed;
+            count.fetch_sub(removed as u64, Relaxed);
+            // Its items in `order` no longer match an entry: skipped when
+            // they come out.
+        }
+    }
+
+    /// Live entries over all shards (for tests and gauges).
+    pub fn entries(&self) -> usize {
+        self.shards.iter().map(|s| s.read().entries).sum()
+    }
+
+    /// Drops items from the front of `shard`'s order: those routed before
+    /// `cutoff`, and the oldest while over the shard's capacity.
+    fn drop_front(&self, shard: &mut Shard, cutoff: Option<Instant>) {
+        let capacity = self.shard_capacity;
+        while let Some(&(at, key, slot)) = shard.order.front() {
+            let old = cutoff.is_some_and(|c| at < c);
+            if !old && shard.entries <= capacity && shard.order.len() <= 2 * capacity.max(1) {
+                break;
+            }
+            shard.order.pop_front();
+            let Some(routed) = shard.last.get_mut(&key) else {
+                continue;
+            };
+            let Some(i) = routed.iter().position(|&(w, t)| w == slot && t == at) else {
+                continue;
+            };
+            routed.swap_remove(i);
+            if routed.is_empty() {
+                shard.last.remove(&key);
+            }
+            shard.entries -= 1;
+            if let Some(count) = self.blocks.get(slot as usize) {
+                count.fetch_sub(1, Relaxed);
+            }
+        }
+    }
+
+    /// `keys` grouped by shard (a counting sort: one pass to count, one to
+    /// place), so a pick locks each shard it touches once.
+    fn by_shard<'k>(&self, keys: &'k [BlockKey]) -> ByShard<'k> {
+        let shards = 1usize << self.shard_bits;
+        let mut starts = [0usize; MAX_SHARDS + 1];
+        if shards == 1 {
+            starts[1] = keys.len();
+            return ByShard {
+                keys: Cow::Borrowed(keys),
+                starts,
+                shards,
+            };
+        }
+        let shard_of = |k: &BlockKey| {
+            (k.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - self.shard_bits)) as usize
+        };
+        for k in keys {
+            starts[shard_of(k) + 1] += 1;
+        }
+        for i in 1..starts.len() {
+            starts[i] += starts[i - 1];
+        }
+        let mut next = starts;
+        let mut sorted = vec![BlockKey(0); keys.len()];
+        for &k in keys {
+            let s = shard_of(&k);
+            sorted[next[s]] = k;
+            next[s] += 1;
+        }
+        ByShard {
+            keys: Cow::Owned(sorted),
+            starts,
+            shards,
+        }
+    }
+}
+
+/// Keys grouped by shard: shard `s` has `keys[starts[s]..starts[s + 1]]`.
+struct ByShard<'k> {
+    keys: Cow<'k, [BlockKey]>,
+    starts: [usize; MAX_SHARDS + 1],
+    shards: usize,
+}
+
+impl ByShard<'_> {
+    /// `(shard, its keys)` for each shard with keys.
+    fn groups(&self) -> impl Iterator<Item = (usize, &[BlockKey])> {
+        (0..self.shards).filter_map(|s| {
+            let (a, b) = (self.starts[s], self.starts[s + 1]);
+            (a < b).then(|| (s, &self.keys[a..b]))
+        })
     }
 }
 
@@ -194,6 +333,13 @@ impl RouteMemory {
         self.placements.record(worker, keys, now);
     }
 
+    /// Drops what both memories hold from before their windows (the
+    /// housekeeping tick).
+    pub fn expire(&self, now: Instant) {
+        self.recent.expire(now);
+        self.placements.expire(now);
+    }
+
     /// Forgets `worker` in both memories (its slot is being vacated).
     pub fn forget(&self, worker: usize) {
         self.recent.forget(worker);
@@ -222,35 +368,6 @@ impl RouteView {
             .max()
             .unwrap_or(0)
             .saturating_mul(block_size)
-    }
-}
-
-impl RoutesInner {
-    /// Drops entries routed before `cutoff`, and the oldest beyond `capacity`.
-    fn expire(&mut self, cutoff: Option<Instant>, capacity: usize) {
-        let mut entries: u64 = self.blocks.iter().sum();
-        while let Some(&(at, key, worker)) = self.order.front() {
-            let old = cutoff.is_some_and(|c| at < c);
-            if !old && entries <= capacity as u64 && self.order.len() <= 2 * capacity.max(1) {
-                break;
-            }
-            self.order.pop_front();
-            let Some(routed) = self.last.get_mut(&key) else {
-                continue;
-            };
-            let Some(i) = routed
-                .iter()
-                .position(|&(w, t)| w as usize == worker && t == at)
-            else {
-                continue;
-            };
-            routed.swap_remove(i);
-            self.blocks[worker] = self.blocks[worker].saturating_sub(1);
-            entries = entries.saturating_sub(1);
-            if routed.is_empty() {
-                self.last.remove(&key);
-            }
-        }
     }
 }
 
@@ -295,6 +412,17 @@ mod tests {
         );
         // Routing again keeps blocks alive; the rest leave after the window.
         r.record(0, &keys(0..2), t0 + Duration::from_secs(50));
+        // Before the tick, blocks past the window no longer count as the
+        // prompt's, but still as the worker's.
+        let stale = r.lookup(&keys(0..10), t0 + Duration::from_secs(61));
+        assert_eq!(
+            stale[0],
+            Routed {
+                prompt_blocks: 2,
+                other_blocks: 8
+            }
+        );
+        r.expire(t0 + Duration::from_secs(61));
         let later = r.lookup(&keys(0..10), t0 + Duration::from_secs(61));
         assert_eq!(
             later[0],
@@ -304,6 +432,8 @@ mod tests {
             }
         );
         assert_eq!(later[1], Routed::default());
+        r.expire(t0 + Duration::from_secs(111));
+        assert_eq!(r.entries(), 0);
         let gone = r.lookup(&keys(0..10), t0 + Duration::from_secs(111));
         assert_eq!(gone, vec![Routed::default(); 2]);
     }
@@ -336,6 +466,7 @@ mod tests {
         // The slot's next worker starts from nothing; the old items in the
         // expiry order do not take its entries away.
         r.record(1, &keys(10..12), t0 + Duration::from_secs(30));
+        r.expire(t0 + Duration::from_secs(61));
         let later = r.lookup(&keys(10..12), t0 + Duration::from_secs(61));
         assert_eq!(later[1].prompt_blocks, 2);
         assert_eq!(later[0], Routed::default());
@@ -354,5 +485,84 @@ mod tests {
         assert_eq!(view.worker(0), WorkerRoutes::default());
         assert_eq!(view.worker(7), WorkerRoutes::default());
         assert_eq!(view.seen_tokens(16), 80);
+    }
+
+    #[test]
+    fn a_sharded_memory_answers_like_one_shard() {
+        // 16 shards: the keys of one prompt spread over all of them.
+        let big = RecentRoutes::new(3, Duration::from_secs(60), 1 << 18);
+        let small = RecentRoutes::new(3, Duration::from_secs(60), 1 << 18 >> 4);
+        assert_eq!(big.shards.len(), 16);
+        assert_eq!(small.shards.len(), 4);
+        let one = RecentRoutes::new(3, Duration::from_secs(60), 1_000);
+        assert_eq!(one.shards.len(), 1);
+        let t0 = Instant::now();
+        let key = |i: u64| BlockKey(i.wrapping_mul(0x2545_f491_4f6c_dd1d));
+        let prompt = |r: std::ops::Range<u64>| r.map(key).collect::<Vec<_>>();
+        for m in [&big, &small, &one] {
+            m.record(0, &prompt(0..100), t0);
+            m.record(1, &prompt(0..40), t0 + Duration::from_secs(10));
+            m.record(2, &prompt(500..520), t0 + Duration::from_secs(20));
+            m.record(0, &prompt(0..30), t0 + Duration::from_secs(40));
+        }
+        let at = |s| t0 + Duration::from_secs(s);
+        for (when, probe) in [
+            (30, prompt(0..120)),
+            (65, prompt(0..120)),
+            (75, prompt(495..520)),
+        ] {
+            let want = one.lookup(&probe, at(when));
+            assert_eq!(big.lookup(&probe, at(when)), want, "at {when}s");
+            assert_eq!(small.lookup(&probe, at(when)), want, "at {when}s");
+        }
+        let want = one.lookup(&prompt(0..120), at(30));
+        assert_eq!(want[0].prompt_blocks, 100);
+        assert_eq!(want[1].prompt_blocks, 40);
+        assert_eq!(want[2].other_blocks, 20);
+        for m in [&big, &small, &one] {
+            m.expire(at(65));
+            // Of 0's blocks, the 30 routed again at 40 s are left; 1's (10 s)
+            // and 2's (20 s) are all left.
+            assert_eq!(m.entries(), 30 + 40 + 20);
+            m.forget(2);
+            assert_eq!(m.entries(), 30 + 40);
+            assert_eq!(m.lookup(&prompt(0..120), at(65))[0].prompt_blocks, 30);
+            m.expire(at(101));
+            assert_eq!(m.entries(), 0);
+            assert_eq!(
+                m.lookup(&prompt(0..120), at(101)),
+                vec![Routed::default(); 3]
+            );
+        }
+    }
+
+    #[test]
+    fn concurrent_records_keep_each_workers_count_exact() {
+        let m = std::sync::Arc::new(RecentRoutes::new(4, Duration::from_secs(600), 1 << 18));
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for w in 0..4u64 {
+                let m = &m;
+                s.spawn(move || {
+                    for i in 0..200u64 {
+                        let keys: Vec<_> = (0..16)
+                            .map(|b| {
+                                BlockKey(
+                                    (w * 1_000_000 + i * 16 + b)
+                                        .wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                                )
+                            })
+                            .collect();
+                        m.record(w as usize, &keys, t0);
+                        m.lookup(&keys, t0);
+                    }
+                });
+            }
+        });
+        let none: Vec<BlockKey> = Vec::new();
+        for routed in m.lookup(&none, t0) {
+            assert_eq!(routed.other_blocks, 200 * 16);
+        }
+        assert_eq!(m.entries(), 4 * 200 * 16);
     }
 }

@@ -12,9 +12,7 @@ const WAIT: Duration = Duration::from_secs(20);
 const SCORE_BODY: &str = r#"{"model": "m", "prompt": "hello there"}"#;
 
 fn shared() -> PathBuf {
-    std::env::var_os("KVSTEER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")))
+    kvsteer_e2e::shared_dir()
 }
 
 fn config(admin: &str) -> Config {

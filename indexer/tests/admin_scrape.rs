@@ -17,9 +17,7 @@ vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.5
 ";
 
 fn shared() -> PathBuf {
-    std::env::var_os("KVSTEER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")))
+    kvsteer_e2e::shared_dir()
 }
 
 async fn call(base: &str, method: &str, path: &str, body: &str) -> (u16, String) {

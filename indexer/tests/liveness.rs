@@ -64,7 +64,7 @@ async fn setup(backend: Backend, streams: &str) -> Setup {
     let index = match &redis {
         None => String::new(),
         Some(r) => format!(
-            "index:\n  backend: redis\n  redis_url: {}\n  redis:\n    cache_ttl_ms: 50\n",
+            "index:\n  backend: redis\n  redis:\n    url: {}\n    cache_ttl_ms: 50\n",
             r.url()
         ),
     };

@@ -16,9 +16,7 @@ use prost::Message;
 use serde_json::{Value, json};
 
 fn shared() -> PathBuf {
-    std::env::var_os("KVSTEER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")))
+    kvsteer_e2e::shared_dir()
 }
 
 fn qwen3() -> PromptTokenizer {

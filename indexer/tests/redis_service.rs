@@ -116,8 +116,8 @@ models:
 workers:
 {workers}index:
   backend: redis
-  redis_url: {url}
   redis:
+    url: {url}
     key_prefix: kvsvc
     writer: {writer}
     lease_ttl_ms: {LEASE_TTL_MS}

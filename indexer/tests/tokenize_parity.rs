@@ -4,9 +4,7 @@ use serde_json::Value;
 use std::{path::PathBuf, process::Command};
 
 fn shared() -> PathBuf {
-    std::env::var_os("KVSTEER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")))
+    kvsteer_e2e::shared_dir()
 }
 
 /// What `kvsteer-indexer tokenize --endpoint ENDPOINT` prints for `request`.

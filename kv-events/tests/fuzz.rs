@@ -2,16 +2,12 @@
 //! payloads must decode to `Ok` or `Err`, never panic; whatever decodes
 //! re-encodes to a payload that decodes to the same thing.
 
-use std::path::PathBuf;
-
 use kvsteer_kv_events::{Encoding, decode_batch, encode_batch};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 fn golden_payloads() -> Vec<Vec<u8>> {
-    let shared = std::env::var_os("KVSTEER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")));
+    let shared = kvsteer_e2e::shared_dir();
     let dir = shared.join("vllm-events");
     let mut out: Vec<Vec<u8>> = std::fs::read_dir(&dir)
         .expect("golden dir")

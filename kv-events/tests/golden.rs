@@ -11,9 +11,7 @@ use kvsteer_kv_events::{
 use serde_json::{Value as Json, json};
 
 fn golden_dir() -> PathBuf {
-    let shared = std::env::var_os("KVSTEER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")));
+    let shared = kvsteer_e2e::shared_dir();
     shared.join("vllm-events")
 }
 

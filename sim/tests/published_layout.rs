@@ -18,9 +18,7 @@ use tokio::time::timeout;
 const WAIT: Duration = Duration::from_secs(20);
 
 fn shared() -> PathBuf {
-    std::env::var_os("KVSTEER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")))
+    kvsteer_e2e::shared_dir()
 }
 
 fn golden(name: &str) -> Value {

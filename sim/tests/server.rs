@@ -16,9 +16,7 @@ use zeromq::{Socket, SocketRecv};
 const WAIT: Duration = Duration::from_secs(20);
 
 fn tokenizer_dir() -> PathBuf {
-    let shared = std::env::var_os("KVSTEER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")));
+    let shared = kvsteer_e2e::shared_dir();
     shared.join("tokenizers/qwen3")
 }
 

@@ -8,9 +8,7 @@ use kvsteer_sim::engine::{CacheEvent, to_event_batch};
 use serde_json::Value;
 
 fn shared() -> PathBuf {
-    std::env::var_os("KVSTEER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")))
+    kvsteer_e2e::shared_dir()
 }
 
 fn golden(name: &str) -> (Value, Vec<u8>) {

@@ -1,6 +1,21 @@
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// The shared test data (tokenizers, parity files, vLLM's event vectors):
+/// `$KVSTEER_SHARED`, else `shared/` beside the repository. Every test of
+/// every crate finds it here.
+pub fn shared_dir() -> PathBuf {
+    std::env::var_os("KVSTEER_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("../shared"))
+}
 
 /// Where the binaries, configs and shared test data are.
 #[derive(Debug, Clone)]
@@ -21,15 +36,12 @@ impl Paths {
     /// Resolves every path and checks that the pieces exist, naming the command
     /// that builds or installs whatever is missing.
     pub fn discover() -> anyhow::Result<Paths> {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .context("tests crate has no parent")?
-            .to_path_buf();
+        let root = repo_root();
         let env_or = |var: &str, default: PathBuf| {
             std::env::var_os(var).map(PathBuf::from).unwrap_or(default)
         };
         let paths = Paths {
-            shared: env_or("KVSTEER_SHARED", root.join("../shared")),
+            shared: shared_dir(),
             bin_dir: env_or("KVSTEER_BIN_DIR", root.join("target/debug")),
             envoy: env_or("KVSTEER_ENVOY", root.join(".venv/bin/envoy")),
             wasm: env_or(

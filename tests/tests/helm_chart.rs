@@ -634,8 +634,7 @@ fn run_redis_url_init(r: &Rendered, spec: &Value, text: &str) -> String {
     let out = std::fs::read_to_string(&dst).expect("init output");
     let cfg = IndexerConfig::from_yaml(&out).unwrap_or_else(|e| panic!("{}: {e}\n{out}", r.case));
     assert_eq!(
-        cfg.index.redis_config().url,
-        url,
+        cfg.index.redis.url, url,
         "{}: the URL survives quoting",
         r.case
     );

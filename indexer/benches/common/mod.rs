@@ -18,9 +18,7 @@ pub const WORDS: &[&str] = &[
 ];
 
 pub fn shared() -> PathBuf {
-    std::env::var_os("KVSTEER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")))
+    kvsteer_e2e::shared_dir()
 }
 
 pub fn text(rng: &mut SmallRng, words: usize) -> String {

@@ -8,10 +8,7 @@ use super::*;
 use crate::keys::prompt_keys;
 
 fn shared_dir() -> PathBuf {
-    match std::env::var_os("KVSTEER_SHARED") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")),
-    }
+    kvsteer_e2e::shared_dir()
 }
 
 fn vector(name: &str) -> EventBatch {

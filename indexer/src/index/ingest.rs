@@ -12,8 +12,8 @@ use kvsteer_kv_events::{BlockHash, BlockRemoved, BlockStored, EventBatch, KvEven
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::extras::classify_extras;
-use super::memory::MixState;
 use super::{ApplyStats, KeyOp, Tier};
+use crate::keys::KeyHasher;
 use crate::keys::{BlockKey, KeyContext, chain_key};
 
 /// A worker's ingest map stops growing here (the engine's cache is far
@@ -35,7 +35,7 @@ struct Slot {
 
 pub struct WorkerIngest {
     ctx: KeyContext,
-    hashes: HashMap<HashId, Slot, MixState>,
+    hashes: HashMap<HashId, Slot, KeyHasher>,
     /// `group_idx` values announced with a non-full-attention kind: their
     /// `BlockRemoved` events are ignored (the same hashes live in group 0).
     other_groups: Vec<u32>,

@@ -14,14 +14,14 @@
 //! The core is synchronous; [`IndexBackend`] methods return ready futures.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
+
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
 use futures::future::{BoxFuture, FutureExt, ready};
 use parking_lot::RwLock;
 
 use super::{IndexBackend, IndexError, KeyOp, Tier, WorkerId, WorkerMatch};
-use crate::keys::BlockKey;
+use crate::keys::{BlockKey, KeyHasher};
 
 /// Upper bound on shards; fewer for small capacities so the LRU stays exact.
 pub const MAX_SHARDS: usize = 64;
@@ -37,7 +37,7 @@ pub struct MemoryBackend {
 }
 
 struct Shard {
-    map: HashMap<BlockKey, Entry, MixState>,
+    map: HashMap<BlockKey, Entry, KeyHasher>,
     /// `(key, worker)` entries in this shard.
     entries: usize,
     capacity: usize,
@@ -406,37 +406,6 @@ impl Holders {
                 false
             }
         }
-    }
-}
-
-// === impl MixState ===
-
-/// Hasher for keys that already are 64-bit hashes (ours or the engine's):
-/// fold and multiply instead of SipHash.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MixState;
-
-#[derive(Default)]
-pub struct MixHasher(u64);
-
-impl BuildHasher for MixState {
-    type Hasher = MixHasher;
-    fn build_hasher(&self) -> MixHasher {
-        MixHasher(0)
-    }
-}
-
-impl Hasher for MixHasher {
-    fn finish(&self) -> u64 {
-        (self.0 ^ (self.0 >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        self.0 = xxhash_rust::xxh3::xxh3_64_with_seed(bytes, self.0);
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 ^= v;
     }
 }
 

@@ -14,6 +14,8 @@ mod extras;
 pub mod ingest;
 pub mod memory;
 pub mod redis;
+/// Test support (the `testing` feature): the differential harness.
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 #[cfg(test)]

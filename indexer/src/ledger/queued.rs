@@ -11,13 +11,13 @@
 //! Only the per-block counts live here; which request holds which blocks is
 //! its ledger entry's (see [`super::Ledger`]).
 
-use crate::{index::memory::MixState, keys::BlockKey};
+use crate::keys::{BlockKey, KeyHasher};
 use std::collections::HashMap;
 
 pub(super) struct QueuedBlocks {
     /// Per block, how many queued prompts hold it on each worker that has
     /// one (`(slot, count)`; few per block).
-    blocks: HashMap<BlockKey, Vec<(u32, u32)>, MixState>,
+    blocks: HashMap<BlockKey, Vec<(u32, u32)>, KeyHasher>,
     /// Blocks of all queued prompts.
     held: usize,
     workers: usize,
@@ -28,7 +28,7 @@ pub(super) struct QueuedBlocks {
 impl QueuedBlocks {
     pub(super) fn new(workers: usize) -> Self {
         Self {
-            blocks: HashMap::with_hasher(MixState),
+            blocks: HashMap::with_hasher(KeyHasher),
             held: 0,
             workers,
         }

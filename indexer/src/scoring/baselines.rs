@@ -36,7 +36,7 @@ pub(super) fn shuffle(c: &mut [Ranked], seed: u64) {
 #[cfg(test)]
 mod tests {
     use crate::config::{Policy, ScoringConfig};
-    use crate::scoring::{Request, ScrapedLoad, Turn, WorkerView, rank};
+    use crate::scoring::{PromptTokens, Rotation, ScrapedLoad, WorkerView, rank_views};
 
     fn view(matched: u32, in_flight: u32) -> WorkerView {
         WorkerView {
@@ -49,14 +49,14 @@ mod tests {
     }
 
     fn first(policy: Policy, views: &[WorkerView]) -> usize {
-        let t = Turn {
+        let t = Rotation {
             counter: 0,
             random: 0,
         };
-        rank(
+        rank_views(
             policy,
             &ScoringConfig::default(),
-            Request::unseen(4096),
+            PromptTokens::unseen(4096),
             views,
             t,
         )[0]

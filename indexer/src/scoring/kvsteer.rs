@@ -36,7 +36,7 @@
 //! Without it a worker whose cache is full of decoding requests has an empty
 //! prefill queue and looks fast; requests sent there wait or preempt others.
 //!
-//! `rank` orders by `cost_ms`, not `ttft_ms`: prefill time is the resource
+//! [`order`] ranks by `cost_ms`, not `ttft_ms`: prefill time is the resource
 //! every request shares, so a placement also delays the requests that will
 //! queue behind it, and near saturation a cache miss (the whole prompt to
 //! prefill instead of its question) costs them more than it saves this one.
@@ -60,7 +60,7 @@
 //! the worker it used adds little there; a new one is charged where the
 //! cache is already claimed; with room everywhere the charge is 0.
 
-use super::{ScrapedLoad, WorkerView};
+use super::{PromptTokens, Ranked, ScrapedLoad, WorkerView};
 use crate::config::ScoringConfig;
 
 /// The predicted TTFT of one request on one worker, by component.
@@ -262,11 +262,63 @@ pub fn calibrate(
     (1000.0 / next).clamp(lo, hi)
 }
 
+/// The `kvsteer` order of `candidates` (their predictions made): by cost,
+/// then the near-ties by load and what each worker holds for others.
+///
+/// Prefill is the shared resource: a placement also delays the requests
+/// that will queue behind it, about as many as wait for a first token on a
+/// worker now (the mean backlog). Costs within the band of the best are
+/// equally good: the least loaded of them goes first, then the one with
+/// the least routed to it in the route window (the conversations active
+/// there: room for this prompt's next turns), then the least placed on it
+/// in the placement window, equal ones in rotation (`tie`), so
+/// near-identical calibrated rates don't decide every cold pick. The band
+/// is `tie_ratio`, wider for what is new: where a new conversation or
+/// document lands decides where its follow-ups go, so its placement counts
+/// for longer than its first token.
+pub(super) fn order(
+    cfg: &ScoringConfig,
+    prompt: PromptTokens,
+    views: &[WorkerView],
+    candidates: &mut [Ranked],
+    tie: impl Fn(&Ranked) -> usize,
+) {
+    let backlog = congestion(cfg, views, candidates);
+    let cost = |r: &Ranked| r.prediction.cost_ms(backlog);
+    candidates.sort_by(|a, b| cost(a).total_cmp(&cost(b)));
+    let band = cfg
+        .tie_ratio
+        .max(cfg.novel_spread * prompt.new_share(views));
+    let best = candidates.first().map_or(0.0, cost);
+    let near = candidates
+        .iter()
+        .take_while(|r| cost(r) <= best * (1.0 + band))
+        .count();
+    candidates[..near].sort_by(|a, b| {
+        let (va, vb) = (&views[a.index], &views[b.index]);
+        va.load()
+            .total_cmp(&vb.load())
+            .then(va.routed_other_tokens.cmp(&vb.routed_other_tokens))
+            .then(va.placed_other_tokens.cmp(&vb.placed_other_tokens))
+            .then_with(|| tie(a).cmp(&tie(b)))
+    });
+}
+
+/// The number of requests a placement's prefill delays: the mean backlog
+/// of the candidates, weighted by `congestion_weight`.
+pub(super) fn congestion(cfg: &ScoringConfig, views: &[WorkerView], candidates: &[Ranked]) -> f64 {
+    if candidates.is_empty() {
+        return 0.0;
+    }
+    let total: f64 = candidates.iter().map(|r| views[r.index].backlog()).sum();
+    cfg.congestion_weight * total / candidates.len() as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::{DEFAULT_CONGESTION_WEIGHT, Policy};
-    use crate::scoring::{Request, ScrapedLoad, Turn, rank};
+    use crate::scoring::{PromptTokens, Rotation, ScrapedLoad, rank_views};
 
     const RATE: f64 = 10_000.0;
     const PROMPT: u32 = 8_192;
@@ -310,11 +362,11 @@ mod tests {
     }
 
     fn choice_with(cfg: &ScoringConfig, views: &[WorkerView]) -> usize {
-        let t = Turn {
+        let t = Rotation {
             counter: 0,
             random: 0,
         };
-        rank(Policy::Kvsteer, cfg, Request::seen(PROMPT), views, t)[0].index
+        rank_views(Policy::Kvsteer, cfg, PromptTokens::seen(PROMPT), views, t)[0].index
     }
 
     #[test]

@@ -108,29 +108,30 @@ pub struct Ranked {
     pub prediction: Prediction,
 }
 
-/// The request being placed.
+/// The prompt being placed, in tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Request {
+pub struct PromptTokens {
     pub prompt_tokens: u32,
     /// Its tokens already in a prompt routed within `placement_window_s`
     /// (to any worker), cached anywhere now or not.
     pub seen_tokens: u32,
 }
 
-/// Mutable inputs of the stateful policies, chosen by the caller so that a
-/// dry run can leave the service's state alone.
+/// The pick's place in the stateful policies' rotation (round robin, the
+/// tie-break) and its `random` draw, chosen by the caller so that a dry
+/// run can leave the service's state alone.
 #[derive(Debug, Clone, Copy)]
-pub struct Turn {
+pub struct Rotation {
     /// Round-robin position and tie-break rotation.
     pub counter: usize,
     /// Seed for the `random` policy.
     pub random: u64,
 }
 
-// === impl Request ===
+// === impl PromptTokens ===
 
-impl Request {
-    /// A request whose prefix nobody has seen: nothing is known of it.
+impl PromptTokens {
+    /// A prompt whose prefix nobody has seen: nothing is known of it.
     pub fn unseen(prompt_tokens: u32) -> Self {
         Self {
             prompt_tokens,
@@ -138,7 +139,7 @@ impl Request {
         }
     }
 
-    /// A request seen before in full (the next turn of a conversation
+    /// A prompt seen before in full (the next turn of a conversation
     /// whose prompt is already known, a retry).
     pub fn seen(prompt_tokens: u32) -> Self {
         Self {
@@ -184,82 +185,64 @@ impl WorkerView {
     }
 }
 
-/// Orders the workers for `request`, best first, at most
-/// `cfg.max_endpoints` of them. Workers that are down are left out unless
-/// all are down (then all are candidates: fail open).
+/// Every worker's prediction for a prompt of `prompt_tokens`, in view
+/// order (what [`rank`] orders and the picker reports).
+pub fn predict_all(
+    cfg: &ScoringConfig,
+    prompt_tokens: u32,
+    views: &[WorkerView],
+) -> Vec<Prediction> {
+    views
+        .iter()
+        .map(|v| predict(cfg, prompt_tokens, v))
+        .collect()
+}
+
+/// Orders the workers for `prompt`, best first, at most
+/// `cfg.max_endpoints` of them. `predictions` are the workers' (from
+/// [`predict_all`], in view order). Workers that are down are left out
+/// unless all are down (then all are candidates: fail open).
 pub fn rank(
     policy: Policy,
     cfg: &ScoringConfig,
-    request: Request,
+    prompt: PromptTokens,
     views: &[WorkerView],
-    turn: Turn,
+    predictions: &[Prediction],
+    rotation: Rotation,
 ) -> Vec<Ranked> {
-    let prompt_tokens = request.prompt_tokens;
     let any_up = views.iter().any(|v| v.up);
     let mut candidates: Vec<Ranked> = views
         .iter()
+        .zip(predictions)
         .enumerate()
-        .filter(|(_, v)| v.up || !any_up)
-        .map(|(index, v)| Ranked {
-            index,
-            prediction: predict(cfg, prompt_tokens, v),
-        })
+        .filter(|(_, (v, _))| v.up || !any_up)
+        .map(|(index, (_, &prediction))| Ranked { index, prediction })
         .collect();
     let n = views.len().max(1);
     // Rotating tie-break so that equal candidates share the traffic.
-    let tie = |r: &Ranked| (r.index + n - turn.counter % n) % n;
+    let tie = |r: &Ranked| (r.index + n - rotation.counter % n) % n;
     match policy {
-        Policy::Kvsteer => {
-            // Prefill is the shared resource: a placement also delays the
-            // requests that will queue behind it, about as many as wait for a
-            // first token on a worker now (the mean backlog).
-            let backlog = congestion(cfg, views, &candidates);
-            let cost = |r: &Ranked| r.prediction.cost_ms(backlog);
-            candidates.sort_by(|a, b| cost(a).total_cmp(&cost(b)));
-            // Costs within the band of the best are equally good: the
-            // least loaded of them goes first, then the one with the least
-            // routed to it in the route window (the conversations active
-            // there: room for this prompt's next turns), then the least
-            // placed on it in the placement window, equal ones in rotation,
-            // so near-identical calibrated rates don't decide every cold
-            // pick. The band is `tie_ratio`, wider for what is new: where a
-            // new conversation or document lands decides where its
-            // follow-ups go, so its placement counts for longer than its
-            // first token.
-            let band = cfg
-                .tie_ratio
-                .max(cfg.novel_spread * request.new_share(views));
-            let best = candidates.first().map_or(0.0, cost);
-            let near = candidates
-                .iter()
-                .take_while(|r| cost(r) <= best * (1.0 + band))
-                .count();
-            candidates[..near].sort_by(|a, b| {
-                let (va, vb) = (&views[a.index], &views[b.index]);
-                va.load()
-                    .total_cmp(&vb.load())
-                    .then(va.routed_other_tokens.cmp(&vb.routed_other_tokens))
-                    .then(va.placed_other_tokens.cmp(&vb.placed_other_tokens))
-                    .then_with(|| tie(a).cmp(&tie(b)))
-            });
-        }
+        Policy::Kvsteer => kvsteer::order(cfg, prompt, views, &mut candidates, tie),
         Policy::LeastRequest => baselines::least_request(&mut candidates, views, tie),
         Policy::PrefixOnly => baselines::prefix_only(&mut candidates, views, tie),
         Policy::RoundRobin => candidates.sort_by_key(tie),
-        Policy::Random => baselines::shuffle(&mut candidates, turn.random),
+        Policy::Random => baselines::shuffle(&mut candidates, rotation.random),
     }
     candidates.truncate(cfg.max_endpoints as usize);
     candidates
 }
 
-/// The number of requests a placement's prefill delays: the mean backlog
-/// of the candidates, weighted by `congestion_weight`.
-fn congestion(cfg: &ScoringConfig, views: &[WorkerView], candidates: &[Ranked]) -> f64 {
-    if candidates.is_empty() {
-        return 0.0;
-    }
-    let total: f64 = candidates.iter().map(|r| views[r.index].backlog()).sum();
-    cfg.congestion_weight * total / candidates.len() as f64
+/// [`rank`] with the predictions made here (tests).
+#[cfg(test)]
+pub(crate) fn rank_views(
+    policy: Policy,
+    cfg: &ScoringConfig,
+    prompt: PromptTokens,
+    views: &[WorkerView],
+    rotation: Rotation,
+) -> Vec<Ranked> {
+    let predictions = predict_all(cfg, prompt.prompt_tokens, views);
+    rank(policy, cfg, prompt, views, &predictions, rotation)
 }
 
 #[cfg(test)]
@@ -274,18 +257,18 @@ mod tests {
         }
     }
 
-    fn turn(counter: usize) -> Turn {
-        Turn {
+    fn turn(counter: usize) -> Rotation {
+        Rotation {
             counter,
             random: counter as u64,
         }
     }
 
     fn order(policy: Policy, views: &[WorkerView], counter: usize) -> Vec<usize> {
-        rank(
+        rank_views(
             policy,
             &ScoringConfig::default(),
-            Request::seen(1000),
+            PromptTokens::seen(1000),
             views,
             turn(counter),
         )
@@ -310,10 +293,10 @@ mod tests {
         let views = vec![idle(1000.0); 5];
         assert_eq!(order(Policy::Kvsteer, &views, 0).len(), 3);
         assert!(
-            rank(
+            rank_views(
                 Policy::Kvsteer,
                 &ScoringConfig::default(),
-                Request::unseen(10),
+                PromptTokens::unseen(10),
                 &[],
                 turn(0)
             )
@@ -377,18 +360,18 @@ mod tests {
     #[test]
     fn the_new_share_is_what_no_cache_holds_and_no_recent_prompt_had() {
         let mut views = vec![idle(1000.0); 2];
-        assert_eq!(Request::unseen(1000).new_share(&views), 1.0);
-        assert_eq!(Request::seen(1000).new_share(&views), 0.0);
-        assert_eq!(Request::unseen(0).new_share(&views), 0.0);
+        assert_eq!(PromptTokens::unseen(1000).new_share(&views), 1.0);
+        assert_eq!(PromptTokens::seen(1000).new_share(&views), 0.0);
+        assert_eq!(PromptTokens::unseen(0).new_share(&views), 0.0);
         views[1].gpu_hit_tokens = 400;
         views[1].cpu_hit_tokens = 200;
-        assert_eq!(Request::unseen(1000).new_share(&views), 0.4);
-        let seen_more = Request {
+        assert_eq!(PromptTokens::unseen(1000).new_share(&views), 0.4);
+        let seen_more = PromptTokens {
             prompt_tokens: 1000,
             seen_tokens: 900,
         };
         assert!((seen_more.new_share(&views) - 0.1).abs() < 1e-9);
-        let overshoot = Request {
+        let overshoot = PromptTokens {
             prompt_tokens: 1000,
             seen_tokens: 5000,
         };
@@ -412,22 +395,23 @@ mod tests {
         warm.routed_other_tokens = 30_000;
         warm.placed_other_tokens = 30_000;
         let views = [warm, idle(1000.0), idle(1000.0)];
-        let first = |r: Request| rank(Policy::Kvsteer, &cfg, r, &views, turn(0))[0].index;
+        let first =
+            |r: PromptTokens| rank_views(Policy::Kvsteer, &cfg, r, &views, turn(0))[0].index;
         // 4,000 of 6,000 tokens new: cold workers (6 s) are within 2/3 of
         // the warm one's 4 s; the emptier wins.
-        assert_ne!(first(Request::unseen(6_000)), 0);
+        assert_ne!(first(PromptTokens::unseen(6_000)), 0);
         // The same prompt seen before (its conversation was placed, then
         // evicted everywhere): the cache decides.
-        assert_eq!(first(Request::seen(6_000)), 0);
+        assert_eq!(first(PromptTokens::seen(6_000)), 0);
         // Off: the band stays tie_ratio.
         let off = ScoringConfig {
             novel_spread: 0.0,
             ..cfg.clone()
         };
-        let ranked = rank(
+        let ranked = rank_views(
             Policy::Kvsteer,
             &off,
-            Request::unseen(6_000),
+            PromptTokens::unseen(6_000),
             &views,
             turn(0),
         );
@@ -448,8 +432,17 @@ mod tests {
         assert_eq!(v.backlog(), 4.0);
         let views = [v, idle(1000.0)];
         let cfg = ScoringConfig::default();
-        let c = rank(Policy::Kvsteer, &cfg, Request::unseen(10), &views, turn(0));
-        assert_eq!(congestion(&cfg, &views, &c), cfg.congestion_weight * 2.0);
+        let c = rank_views(
+            Policy::Kvsteer,
+            &cfg,
+            PromptTokens::unseen(10),
+            &views,
+            turn(0),
+        );
+        assert_eq!(
+            kvsteer::congestion(&cfg, &views, &c),
+            cfg.congestion_weight * 2.0
+        );
     }
 
     #[test]

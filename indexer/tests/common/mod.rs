@@ -20,28 +20,18 @@ pub const BLOCK: usize = 16;
 pub const WAIT: Duration = Duration::from_secs(20);
 
 pub fn shared() -> PathBuf {
-    std::env::var_os("KVSTEER_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")))
+    kvsteer_e2e::shared_dir()
 }
 
 /// Polls `check` every 50 ms until it yields a value, failing after `WAIT`.
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let poll = async {
-        loop {
-            if let Some(v) = check().await {
-                return v;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(WAIT, poll)
+    kvsteer_e2e::wait_until(what, WAIT, check)
         .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// An HTTP JSON client for one base URL (the indexer's admin API, or a worker).

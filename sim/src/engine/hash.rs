@@ -266,16 +266,13 @@ mod tests {
 /// (`shared/vllm-events`, README there).
 #[cfg(test)]
 mod vllm_tests {
-    use std::path::PathBuf;
 
     use serde_json::Value;
 
     use super::*;
 
     fn golden(name: &str) -> Value {
-        let dir = std::env::var_os("KVSTEER_SHARED")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")));
+        let dir = kvsteer_e2e::shared_dir();
         let path = dir.join("vllm-events").join(name);
         serde_json::from_str(&std::fs::read_to_string(path).expect("golden file")).expect("json")
     }

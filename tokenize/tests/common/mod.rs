@@ -7,10 +7,7 @@ use kvsteer_tokenize::PromptTokenizer;
 
 /// `$KVSTEER_SHARED`, else `<workspace root>/../shared`.
 pub fn shared_dir() -> PathBuf {
-    match std::env::var_os("KVSTEER_SHARED") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared")),
-    }
+    kvsteer_e2e::shared_dir()
 }
 
 pub fn parity_dir() -> PathBuf {

@@ -29,6 +29,8 @@ pub mod layout;
 pub mod lease;
 pub mod metrics;
 pub mod scripts;
+/// Test support (the `testing` feature): a `redis-server` of its own.
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod walk;
 

@@ -317,7 +317,9 @@ fn indexer_config(paths: &Paths, redis_port: u16, window_s: u64) -> anyhow::Resu
         .replace(".cache/tokenizers/qwen3", &path_str(&paths.tokenizer())?)
         .replace(
             memory,
-            &format!("index:\n  backend: redis\n  redis_url: redis://127.0.0.1:{redis_port}\n"),
+            &format!(
+                "index:\n  backend: redis\n  redis:\n    url: redis://127.0.0.1:{redis_port}\n"
+            ),
         ))
 }
 

@@ -1,43 +1,26 @@
 //! The service configuration (YAML): every key has a default, unknown keys are
 //! rejected, and [`Config::validate`] names the field that is wrong.
 
+mod checks;
+mod index;
+mod scoring;
+mod tenants;
+
+pub use index::{IndexBackend, IndexConfig};
+pub use scoring::*;
+pub use tenants::TenantsConfig;
+
+use checks::*;
+
 use crate::discovery::{DiscoveryConfig, DiscoveryError};
-use crate::index::redis::{RedisConfig, RedisConfigError};
-use crate::tenancy::policy::TenantPolicy;
-use crate::tenancy::store::BudgetStoreConfig;
-use crate::tenancy::{DEFAULT_MAX_TENANT_BYTES, DEFAULT_RESERVE_OUTPUT_TOKENS};
 use serde::{Deserialize, Serialize};
-use std::{
-    collections::{BTreeMap, HashSet},
-    net::SocketAddr,
-    path::PathBuf,
-};
+use std::{collections::HashSet, path::PathBuf};
 
 // === defaults ===
 
 pub const DEFAULT_GRPC_LISTEN: &str = "127.0.0.1:9090";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9091";
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
-pub const DEFAULT_PREFILL_RATE_PRIOR: f64 = 8_000.0;
-pub const DEFAULT_GPU_HIT_WEIGHT: f64 = 1.0;
-pub const DEFAULT_CPU_HIT_WEIGHT: f64 = 0.8;
-pub const DEFAULT_DECODE_MS_PER_RUNNING: f64 = 0.5;
-pub const DEFAULT_WAITING_REQUEST_TOKENS: u32 = 1_024;
-pub const DEFAULT_IN_FLIGHT_TTL_S: u64 = 300;
-pub const DEFAULT_CALIBRATION_ALPHA: f64 = 0.1;
-pub const DEFAULT_CALIBRATION_MIN_TOKENS: u32 = 256;
-pub const DEFAULT_RATE_MIN_FACTOR: f64 = 0.25;
-pub const DEFAULT_RATE_MAX_FACTOR: f64 = 4.0;
-pub const DEFAULT_MAX_ENDPOINTS: u32 = 3;
-/// vLLM's default `max_num_seqs`.
-pub const DEFAULT_MAX_NUM_SEQS: u32 = 256;
-pub const DEFAULT_KV_FULL_THRESHOLD: f64 = 0.95;
-pub const DEFAULT_TIE_RATIO: f64 = 0.05;
-pub const DEFAULT_CONGESTION_WEIGHT: f64 = 2.0;
-pub const DEFAULT_ROUTE_WINDOW_S: u64 = 60;
-pub const DEFAULT_ROUTE_FILL: f64 = 1.0;
-pub const DEFAULT_PLACEMENT_WINDOW_S: u64 = 600;
-pub const DEFAULT_NOVEL_SPREAD: f64 = 1.0;
 pub const DEFAULT_INDEX_CAPACITY: usize = 4_000_000;
 pub const DEFAULT_TENANT_HEADER: &str = "x-tenant-id";
 pub const DEFAULT_SCRAPE_INTERVAL_MS: u64 = 1_000;
@@ -134,121 +117,6 @@ pub struct WorkerConfig {
     pub bind: bool,
     /// Event topic; `kv@<endpoint>@<model>` when absent.
     pub topic: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Policy {
-    Random,
-    RoundRobin,
-    LeastRequest,
-    PrefixOnly,
-    #[default]
-    Kvsteer,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ScoringConfig {
-    pub policy: Policy,
-    /// Prefill throughput assumed for a worker before calibration (tokens/s).
-    pub prefill_rate_prior: f64,
-    /// Share of a block's prefill saved by a GPU-tier hit (0..=1).
-    pub gpu_hit_weight: f64,
-    /// Share of a block's prefill saved by a CPU-tier hit (0..=1).
-    pub cpu_hit_weight: f64,
-    /// Delay added to a prefill per running sequence (ms).
-    pub decode_ms_per_running: f64,
-    /// Prompt tokens assumed for each request in a worker's scraped waiting queue.
-    pub waiting_request_tokens: u32,
-    /// In-flight entries without a report are dropped after this long (s).
-    pub in_flight_ttl_s: u64,
-    /// EWMA weight of each first-token observation in the prefill rate (0..=1).
-    pub calibration_alpha: f64,
-    /// Observations with less predicted work than this are not used for calibration.
-    pub calibration_min_tokens: u32,
-    /// Calibrated rate is clamped to `[prior * min, prior * max]`.
-    pub rate_min_factor: f64,
-    pub rate_max_factor: f64,
-    /// Endpoints returned per pick: the choice plus fallbacks.
-    pub max_endpoints: u32,
-    /// The workers' `--max-num-seqs`: with this many running, a waiting
-    /// request waits for a slot to free.
-    pub max_num_seqs: u32,
-    /// KV cache usage (0..=1) from which waiting requests wait for blocks to
-    /// free, for engines that do not export their cache size.
-    pub kv_full_threshold: f64,
-    /// Predictions within this fraction of the best one count as a tie,
-    /// broken by load and then in rotation, so equal workers share traffic.
-    pub tie_ratio: f64,
-    /// Weight of the delay a placement's prefill adds to the requests
-    /// queueing behind it (× the workers' mean first-token backlog); 0 ranks
-    /// by this request's predicted TTFT alone.
-    pub congestion_weight: f64,
-    /// Prompts routed to a worker within this many seconds are its working
-    /// set: a placement that pushes them out of its KV cache is charged
-    /// their prefill. 0: no route memory.
-    pub route_window_s: u64,
-    /// Share of a worker's KV cache (0..=1) the recently routed working set
-    /// may fill before a placement there is charged the prefill it evicts;
-    /// the rest is headroom for the running requests' growth.
-    pub route_fill: f64,
-    /// Prompts routed to a worker within this many seconds are the
-    /// conversations and documents it has taken on (their follow-ups come
-    /// back there); a prompt's prefix routed anywhere within it is known,
-    /// the rest of the prompt, cached nowhere, is new. 0: no such memory
-    /// (every prompt cached nowhere is new, placements are not counted).
-    pub placement_window_s: u64,
-    /// A prompt's new share (0..=1) times this widens its near-tie band:
-    /// where a new conversation or document lands decides where its
-    /// follow-ups go, so among workers within that share of the best cost
-    /// it takes the least loaded, then the one with the least placed on it.
-    /// 0: the band stays `tie_ratio`.
-    pub novel_spread: f64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum IndexBackend {
-    #[default]
-    Memory,
-    Redis,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct IndexConfig {
-    pub backend: IndexBackend,
-    /// Blocks the memory index holds before evicting.
-    pub capacity: usize,
-    /// Shorthand for `redis.url`; folded into it by [`Config::from_yaml`].
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub redis_url: Option<String>,
-    /// The Redis backend (`backend: redis`).
-    pub redis: RedisConfig,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TenantsConfig {
-    pub header: String,
-    /// Tenants with their own metric label; everyone else is `other`.
-    pub metrics_allowlist: Vec<String>,
-    /// File holding the secret tenant salts are derived with; unset: the
-    /// `KVSTEER_SALT_SECRET` environment variable. Required when any tenant
-    /// is salted.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub salt_secret_file: Option<PathBuf>,
-    /// Policy of every tenant (isolation, budget), with per-model levels.
-    pub default: TenantPolicy,
-    /// Per-tenant policy over `default`.
-    pub overrides: BTreeMap<String, TenantPolicy>,
-    pub budget_store: BudgetStoreConfig,
-    /// Output tokens reserved for a request that sets no `max_tokens`
-    /// (corrected by its reported usage).
-    pub reserve_output_tokens: u32,
-    /// Longer tenant values are refused (400).
-    pub max_tenant_bytes: usize,
 }
 
 /// The environment variable holding the `/debug/*` bearer token when
@@ -430,59 +298,6 @@ impl Default for TokenizeConfig {
     }
 }
 
-impl Default for ScoringConfig {
-    fn default() -> Self {
-        Self {
-            policy: Policy::default(),
-            prefill_rate_prior: DEFAULT_PREFILL_RATE_PRIOR,
-            gpu_hit_weight: DEFAULT_GPU_HIT_WEIGHT,
-            cpu_hit_weight: DEFAULT_CPU_HIT_WEIGHT,
-            decode_ms_per_running: DEFAULT_DECODE_MS_PER_RUNNING,
-            waiting_request_tokens: DEFAULT_WAITING_REQUEST_TOKENS,
-            in_flight_ttl_s: DEFAULT_IN_FLIGHT_TTL_S,
-            calibration_alpha: DEFAULT_CALIBRATION_ALPHA,
-            calibration_min_tokens: DEFAULT_CALIBRATION_MIN_TOKENS,
-            rate_min_factor: DEFAULT_RATE_MIN_FACTOR,
-            rate_max_factor: DEFAULT_RATE_MAX_FACTOR,
-            max_endpoints: DEFAULT_MAX_ENDPOINTS,
-            max_num_seqs: DEFAULT_MAX_NUM_SEQS,
-            kv_full_threshold: DEFAULT_KV_FULL_THRESHOLD,
-            tie_ratio: DEFAULT_TIE_RATIO,
-            congestion_weight: DEFAULT_CONGESTION_WEIGHT,
-            route_window_s: DEFAULT_ROUTE_WINDOW_S,
-            route_fill: DEFAULT_ROUTE_FILL,
-            placement_window_s: DEFAULT_PLACEMENT_WINDOW_S,
-            novel_spread: DEFAULT_NOVEL_SPREAD,
-        }
-    }
-}
-
-impl Default for IndexConfig {
-    fn default() -> Self {
-        Self {
-            backend: IndexBackend::default(),
-            capacity: DEFAULT_INDEX_CAPACITY,
-            redis_url: None,
-            redis: RedisConfig::default(),
-        }
-    }
-}
-
-impl Default for TenantsConfig {
-    fn default() -> Self {
-        Self {
-            header: DEFAULT_TENANT_HEADER.into(),
-            metrics_allowlist: Vec::new(),
-            salt_secret_file: None,
-            default: TenantPolicy::default(),
-            overrides: BTreeMap::new(),
-            budget_store: BudgetStoreConfig::default(),
-            reserve_output_tokens: DEFAULT_RESERVE_OUTPUT_TOKENS,
-            max_tenant_bytes: DEFAULT_MAX_TENANT_BYTES,
-        }
-    }
-}
-
 impl Default for ScrapeConfig {
     fn default() -> Self {
         Self {
@@ -512,8 +327,7 @@ impl Default for StreamsConfig {
 impl Config {
     /// Parses YAML and validates it.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        let mut cfg: Config = serde_norway::from_str(text)?;
-        cfg.index.fold_shorthand()?;
+        let cfg: Config = serde_norway::from_str(text)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -734,202 +548,10 @@ impl WorkerConfig {
     }
 }
 
-// === impl ScoringConfig ===
-
-impl ScoringConfig {
-    /// Reads scoring settings from YAML: an indexer configuration (its
-    /// `scoring:` section) or that section alone. Unset keys take their
-    /// defaults; the result is validated.
-    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        let value: serde_norway::Value = serde_norway::from_str(text)?;
-        let section = match value.get("scoring") {
-            Some(s) => s.clone(),
-            None if value.is_null() => serde_norway::Value::Mapping(Default::default()),
-            None => value,
-        };
-        let cfg: ScoringConfig = serde_norway::from_value(section)?;
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        positive("scoring.prefill_rate_prior", self.prefill_rate_prior)?;
-        unit("scoring.gpu_hit_weight", self.gpu_hit_weight)?;
-        unit("scoring.cpu_hit_weight", self.cpu_hit_weight)?;
-        if !(self.decode_ms_per_running.is_finite() && self.decode_ms_per_running >= 0.0) {
-            return Err(invalid("scoring.decode_ms_per_running", "must be >= 0"));
-        }
-        if self.in_flight_ttl_s == 0 {
-            return Err(invalid("scoring.in_flight_ttl_s", "must be > 0"));
-        }
-        unit("scoring.calibration_alpha", self.calibration_alpha)?;
-        positive("scoring.rate_min_factor", self.rate_min_factor)?;
-        positive("scoring.rate_max_factor", self.rate_max_factor)?;
-        if self.rate_min_factor > 1.0 || self.rate_max_factor < 1.0 {
-            return Err(invalid(
-                "scoring.rate_min_factor",
-                "need rate_min_factor <= 1 <= rate_max_factor",
-            ));
-        }
-        if self.max_endpoints == 0 {
-            return Err(invalid("scoring.max_endpoints", "must be > 0"));
-        }
-        if self.max_num_seqs == 0 {
-            return Err(invalid("scoring.max_num_seqs", "must be > 0"));
-        }
-        unit("scoring.kv_full_threshold", self.kv_full_threshold)?;
-        unit("scoring.tie_ratio", self.tie_ratio)?;
-        unit("scoring.route_fill", self.route_fill)?;
-        if !(self.novel_spread.is_finite() && self.novel_spread >= 0.0) {
-            return Err(invalid("scoring.novel_spread", "must be >= 0"));
-        }
-        if !(self.congestion_weight.is_finite() && self.congestion_weight >= 0.0) {
-            return Err(invalid("scoring.congestion_weight", "must be >= 0"));
-        }
-        Ok(())
-    }
-}
-
-impl IndexConfig {
-    /// Moves the `redis_url` shorthand into `redis.url`; both set to
-    /// different values is an error.
-    pub fn fold_shorthand(&mut self) -> Result<(), ConfigError> {
-        let Some(url) = self.redis_url.take() else {
-            return Ok(());
-        };
-        let default_url = crate::index::redis::config::DEFAULT_URL;
-        if self.redis.url != default_url && self.redis.url != url {
-            return Err(invalid(
-                "index.redis_url",
-                "conflicts with index.redis.url; set only one",
-            ));
-        }
-        self.redis.url = url;
-        Ok(())
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        match self.backend {
-            IndexBackend::Redis => redis_invalid(self.redis_config().validate()),
-            IndexBackend::Memory if self.capacity == 0 => {
-                Err(invalid("index.capacity", "must be > 0"))
-            }
-            IndexBackend::Memory => Ok(()),
-        }
-    }
-
-    /// The Redis settings with the `redis_url` shorthand applied.
-    pub fn redis_config(&self) -> RedisConfig {
-        let mut redis = self.redis.clone();
-        if let Some(url) = &self.redis_url {
-            redis.url = url.clone();
-        }
-        redis
-    }
-}
-
-fn redis_invalid(r: Result<(), RedisConfigError>) -> Result<(), ConfigError> {
-    r.map_err(
-        |RedisConfigError::Invalid { field, reason }| ConfigError::Invalid {
-            field: format!("index.redis.{field}"),
-            reason,
-        },
-    )
-}
-
-impl TenantsConfig {
-    fn validate(&self) -> Result<(), ConfigError> {
-        let ok = !self.header.is_empty()
-            && self
-                .header
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-        if !ok {
-            return Err(invalid(
-                "tenants.header",
-                "must be a lowercase HTTP header name",
-            ));
-        }
-        if self.metrics_allowlist.iter().any(|t| t == "other") {
-            return Err(invalid(
-                "tenants.metrics_allowlist",
-                "`other` is reserved for tenants not listed",
-            ));
-        }
-        for (path, budget) in self.budgets() {
-            budget
-                .validate()
-                .map_err(|e| invalid(&path, &e.to_string()))?;
-        }
-        if self.max_tenant_bytes == 0 {
-            return Err(invalid("tenants.max_tenant_bytes", "must be at least 1"));
-        }
-        if self.budget_store.timeout_ms == 0 {
-            return Err(invalid(
-                "tenants.budget_store.timeout_ms",
-                "must be at least 1",
-            ));
-        }
-        Ok(())
-    }
-}
-
-// === helpers ===
-
-fn missing(field: &str) -> ConfigError {
-    ConfigError::Missing {
-        field: field.into(),
-    }
-}
-
-fn invalid(field: &str, reason: &str) -> ConfigError {
-    ConfigError::Invalid {
-        field: field.into(),
-        reason: reason.into(),
-    }
-}
-
-fn duplicate(field: &str, value: &str) -> ConfigError {
-    ConfigError::Duplicate {
-        field: field.into(),
-        value: value.into(),
-    }
-}
-
-fn socket_addr(field: &str, v: &str) -> Result<SocketAddr, ConfigError> {
-    v.parse()
-        .map_err(|_| invalid(field, &format!("{v:?} is not an ip:port address")))
-}
-
-fn zmq_endpoint(field: &str, v: &str) -> Result<(), ConfigError> {
-    let rest = v
-        .strip_prefix("tcp://")
-        .ok_or_else(|| invalid(field, &format!("{v:?} must start with tcp://")))?;
-    match rest.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
-        _ => Err(invalid(field, &format!("{v:?} needs host:port"))),
-    }
-}
-
-fn positive(field: &str, v: f64) -> Result<(), ConfigError> {
-    if v.is_finite() && v > 0.0 {
-        Ok(())
-    } else {
-        Err(invalid(field, "must be a positive number"))
-    }
-}
-
-fn unit(field: &str, v: f64) -> Result<(), ConfigError> {
-    if (0.0..=1.0).contains(&v) {
-        Ok(())
-    } else {
-        Err(invalid(field, "must be within 0..=1"))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::redis::RedisConfig;
 
     const MINIMAL: &str = "
 models:
@@ -989,7 +611,7 @@ workers:
 
     #[test]
     fn example_config_is_valid_and_round_trips() {
-        let text = include_str!("../config.example.yaml");
+        let text = include_str!("../../config.example.yaml");
         let cfg = Config::from_yaml(text).unwrap();
         assert_eq!(cfg.workers.len(), 2);
         let again = Config::from_yaml(&cfg.to_yaml()).unwrap();
@@ -1107,10 +729,10 @@ workers:
         assert_eq!(alone.novel_spread, 0.5);
         assert_eq!(alone.route_window_s, 30);
         assert_eq!(alone.tie_ratio, DEFAULT_TIE_RATIO);
-        let whole = ScoringConfig::from_yaml(include_str!("../config.example.yaml")).unwrap();
+        let whole = ScoringConfig::from_yaml(include_str!("../../config.example.yaml")).unwrap();
         assert_eq!(
             whole,
-            Config::from_yaml(include_str!("../config.example.yaml"))
+            Config::from_yaml(include_str!("../../config.example.yaml"))
                 .unwrap()
                 .scoring
         );
@@ -1151,32 +773,27 @@ workers:
     }
 
     #[test]
-    fn redis_url_shorthand_is_the_url() {
+    fn the_redis_url_has_one_spelling() {
         let cfg = Config::from_yaml(&format!(
-            "{MINIMAL}index:\n  backend: redis\n  redis_url: redis://10.0.0.8:6379\n"
+            "{MINIMAL}index:\n  backend: redis\n  redis:\n    url: redis://10.0.0.8:6379\n"
         ))
         .unwrap();
         assert_eq!(cfg.index.redis.url, "redis://10.0.0.8:6379");
-        assert_eq!(cfg.index.redis_url, None);
         assert_eq!(
             cfg.index.redis.writer,
             crate::index::redis::WriterMode::Auto
         );
-        assert!(!cfg.to_yaml().contains("redis_url"));
+        // The old `index.redis_url` shorthand is an unknown field now.
         let e = err(&format!(
-            "{MINIMAL}index:\n  backend: redis\n  redis_url: redis://a:1\n  redis:\n    url: redis://b:2\n"
+            "{MINIMAL}index:\n  backend: redis\n  redis_url: redis://10.0.0.8:6379\n"
         ));
-        assert!(e.starts_with("index.redis_url"), "{e}");
+        assert!(e.contains("redis_url"), "{e}");
     }
 
     #[test]
     fn redis_errors_name_the_nested_field() {
         let e = err(&format!(
             "{MINIMAL}index:\n  backend: redis\n  redis:\n    url: http://x\n"
-        ));
-        assert!(e.starts_with("index.redis.url"), "{e}");
-        let e = err(&format!(
-            "{MINIMAL}index:\n  backend: redis\n  redis_url: http://x\n"
         ));
         assert!(e.starts_with("index.redis.url"), "{e}");
         let e = err(&format!(

@@ -145,9 +145,12 @@ impl Picker {
         }
     }
 
-    /// Expires ledger entries and tombstones past their TTL and refreshes
-    /// the ledger's gauges (the housekeeping tick).
-    pub fn sweep_ledger(&self, now: Instant) {
+    /// The housekeeping tick: expires ledger entries and tombstones past
+    /// their TTL and route memory entries past their windows (the only
+    /// places they expire; picks never do), and refreshes the ledger's
+    /// gauges.
+    pub fn housekeep(&self, now: Instant) {
+        self.routes.expire(now);
         let expired = self.ledger.expire(now);
         if expired.entries > 0 {
             tracing::debug!(

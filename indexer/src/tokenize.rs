@@ -119,6 +119,9 @@ impl Encoder {
         limits: Limits,
         prompt: Prompt,
     ) -> Result<Vec<u32>, Unread> {
+        if let Some(ids) = prompt.token_ids() {
+            return within_model_len(ids.to_vec(), limits);
+        }
         let tok = tok.ok_or_else(|| Unread::Failed("no tokenizer loaded".into()))?;
         let bytes = prompt.text_bytes() as u64;
         if bytes > limits.max_bytes {
@@ -139,14 +142,7 @@ impl Encoder {
                 .observe(start.elapsed().as_secs_f64());
         }
         self.cache_gauges(tok);
-        let ids = ids?;
-        if ids.len() > limits.max_model_len as usize {
-            return Err(Unread::TooManyTokens {
-                tokens: ids.len(),
-                max: limits.max_model_len,
-            });
-        }
-        Ok(ids)
+        within_model_len(ids?, limits)
     }
 
     /// Sets the cache gauges from every tokenizer seen (`tok` included): a
@@ -267,6 +263,17 @@ fn encode(
     }
 }
 
+/// `ids`, unless longer than the model takes.
+fn within_model_len(ids: Vec<u32>, limits: Limits) -> Result<Vec<u32>, Unread> {
+    if ids.len() > limits.max_model_len as usize {
+        return Err(Unread::TooManyTokens {
+            tokens: ids.len(),
+            max: limits.max_model_len,
+        });
+    }
+    Ok(ids)
+}
+
 /// The segment caches' and the word caches' sizes, summed.
 fn cache_totals(tokenizers: &[Arc<PromptTokenizer>]) -> (CacheStats, CacheStats) {
     let mut segments = CacheStats::default();
@@ -299,9 +306,7 @@ mod tests {
     use std::time::Duration;
 
     fn tokenizer() -> Arc<PromptTokenizer> {
-        let shared = std::env::var_os("KVSTEER_SHARED")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared").into());
+        let shared = kvsteer_e2e::shared_dir();
         Arc::new(PromptTokenizer::from_dir(&shared.join("tokenizers/qwen3")).unwrap())
     }
 

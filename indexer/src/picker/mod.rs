@@ -1,16 +1,31 @@
-//! A pick: tokenize → keys → lookup → score. Shared by the gRPC `Pick` and
-//! the admin `/debug/score` dry run.
+//! A pick, end to end, and the reports that close it. Shared by the gRPC
+//! `Pick` and the admin `/debug/score` dry run.
+//!
+//! [`Picker::pick_at`]: tokenize ([`crate::tokenize`]) → keys
+//! ([`crate::keys`]) → lookup ([`crate::index`]) → what the pick sees of
+//! each worker ([`view`]) → order ([`crate::scoring`]) → commit: the
+//! request's entry in the [`crate::ledger`] and its blocks in the
+//! [`crate::routes`] memories ([`Picker::commit`]). [`report`]: first
+//! token, done, cancel close the entry and calibrate; the housekeeping
+//! tick expires what never closed.
+
+mod commit;
+pub mod report;
+mod view;
+
+pub use commit::{Committed, Placement};
+pub use view::PickView;
 
 use crate::{
     config::{Config, Policy, ScoringConfig},
-    encode::{Encoder, Limits, Unread},
-    index::{Index, WorkerId, WorkerMatch},
-    keys::{BlockKey, KeyContext, prompt_keys},
-    ledger::{Entry, Ledger, LocalLoad, Opened},
-    metrics::{AbandonLabels, Metrics, PickLabels, ReasonLabels},
+    index::Index,
+    keys::KeyContext,
+    ledger::Ledger,
+    metrics::Metrics,
     prompt::Prompt,
-    routes::{RouteMemory, WorkerRoutes},
-    scoring::{self, Prediction, Request, ScrapedLoad, Turn, WorkerView},
+    routes::RouteMemory,
+    scoring::{self, Prediction, Rotation},
+    tokenize::{Encoder, Limits, Unread},
     workers::{Worker, Workers},
 };
 use kvsteer_tokenize::PromptTokenizer;
@@ -36,15 +51,15 @@ pub struct Model {
 
 pub struct Picker {
     policy: Policy,
-    pub(crate) scoring: ScoringConfig,
+    scoring: ScoringConfig,
     down_after: u32,
     models: HashMap<String, Model>,
     index: Index,
-    pub(crate) workers: Arc<Workers>,
+    workers: Arc<Workers>,
     /// One entry per picked request until its terminal report.
-    pub(crate) ledger: Ledger,
-    pub(crate) metrics: Arc<Metrics>,
-    pub(crate) routes: RouteMemory,
+    ledger: Ledger,
+    metrics: Arc<Metrics>,
+    routes: RouteMemory,
     counter: AtomicUsize,
     encoder: Encoder,
 }
@@ -60,16 +75,6 @@ pub struct PickInput {
     pub cache_salt: Option<String>,
 }
 
-/// A request whose prompt is already token ids (see [`Picker::pick_ids`]).
-#[derive(Debug, Clone)]
-pub struct IdsInput {
-    pub request_id: String,
-    pub tenant: String,
-    pub model: String,
-    pub token_ids: Vec<u32>,
-    pub cache_salt: Option<String>,
-}
-
 /// When a pick happens and the `random` policy's draw for it. The service
 /// picks at [`PickAt::now`]; the benchmark passes virtual instants and
 /// seeded draws, so its runs repeat.
@@ -78,18 +83,6 @@ pub struct PickAt {
     /// Stamps the route memory and the in-flight entry, and ages both.
     pub now: Instant,
     pub random: u64,
-}
-
-/// What a pick sees of every worker of the model, for one prompt.
-#[derive(Debug, Clone)]
-pub struct Sight {
-    pub keys: Vec<BlockKey>,
-    /// The prompt's blocks cached on each worker, in the model's order.
-    pub found: Vec<Option<WorkerMatch>>,
-    pub views: Vec<WorkerView>,
-    pub request: Request,
-    /// The index could not answer (no worker has matches then).
-    pub index_error: Option<String>,
 }
 
 /// A request's `model` resolved: the served model and, for a LoRA
@@ -102,7 +95,7 @@ struct Resolved<'a> {
 }
 
 /// The parts of a request a pick needs besides its prompt.
-struct Target<'a> {
+struct RequestRef<'a> {
     request_id: &'a str,
     tenant: &'a str,
     model: &'a str,
@@ -155,39 +148,6 @@ pub struct Outcome {
     /// [`Mode::Deferred`]: what [`Picker::commit`] records (`None` when
     /// there is nothing to record: no choice).
     pub placement: Option<Placement>,
-}
-
-/// A pick not yet committed: what the ledger, the route memory and the
-/// pick metrics record of it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Placement {
-    request_id: String,
-    worker: usize,
-    /// The worker's id: its slot may have another worker by the commit.
-    worker_id: WorkerId,
-    keys: Vec<BlockKey>,
-    prediction: Prediction,
-    tenant: String,
-    policy: &'static str,
-    degraded: Option<&'static str>,
-    prompt_tokens: u32,
-    matched_tokens: u32,
-    /// The pick's moment (stamps the entry and the routes).
-    at: Instant,
-    /// Wall time the pick started, for the latency histogram.
-    start: Instant,
-}
-
-/// What [`Picker::commit`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Committed {
-    /// Recorded: in flight on its worker until its terminal report.
-    Recorded,
-    /// Its terminal report came first: nothing recorded.
-    Reported,
-    /// Its worker left between the pick and the commit: nothing recorded
-    /// (the request goes to Envoy's fallback).
-    WorkerGone,
 }
 
 pub fn policy_name(p: Policy) -> &'static str {
@@ -279,12 +239,36 @@ impl Picker {
         &self.ledger
     }
 
+    /// The KV index it looks prompts up in.
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// The workers it picks from.
+    pub fn workers(&self) -> &Arc<Workers> {
+        &self.workers
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Forgets a leaving worker (slot `slot`, named `name`): its ledger
+    /// entries, its route memory entries, its metrics. Returns the ledger
+    /// entries dropped (requests in flight there).
+    pub fn forget_worker(&self, slot: usize, name: &str) -> usize {
+        let dropped = self.ledger.forget(slot);
+        self.routes.forget(slot);
+        self.metrics.forget_worker(name);
+        dropped
+    }
+
     pub fn model(&self, name: &str) -> Option<&Model> {
         self.models.get(name)
     }
 
     /// The prompt's token ids (the first prompt of a completions batch),
-    /// within the model's limits (see [`crate::encode`]): a prompt too large
+    /// within the model's limits (see [`crate::tokenize`]): a prompt too large
     /// to be worth tokenizing, or one arriving while the large-prompt
     /// permits are taken, has none and its pick is scored on load only.
     pub async fn tokenize(&self, model: &Model, prompt: Prompt) -> Result<Vec<u32>, Unread> {
@@ -293,9 +277,18 @@ impl Picker {
             .await
     }
 
-    /// A pick. Dropping the future (the caller is gone) stops a large
+    /// A pick, now. Dropping the future (the caller is gone) stops a large
     /// prompt's tokenization and commits nothing.
     pub async fn pick(&self, input: PickInput, mode: Mode) -> Outcome {
+        self.pick_at(input, mode, PickAt::now()).await
+    }
+
+    /// A pick at a given moment and `random` draw: tokenize → keys →
+    /// lookup → view of the workers → score, then (per `mode`) commit to
+    /// the ledger and the route memories. The service picks at
+    /// [`PickAt::now`]; the benchmark passes virtual instants and seeded
+    /// draws (and prompts as token ids), so its runs repeat.
+    pub async fn pick_at(&self, input: PickInput, mode: Mode, at: PickAt) -> Outcome {
         let PickInput {
             request_id,
             tenant,
@@ -303,77 +296,43 @@ impl Picker {
             prompt,
             cache_salt,
         } = input;
-        let target = Target {
+        let request = RequestRef {
             request_id: &request_id,
             tenant: &tenant,
             model: &model,
             cache_salt: cache_salt.as_deref(),
             start: Instant::now(),
         };
-        // Tokenized before `place` (which only needs the result) so that
+        // Tokenized before `decide` (which only needs the result) so that
         // the encode may run off this thread; unknown models and models
-        // without workers are answered by `place` without tokenizing.
+        // without workers are answered by `decide` without tokenizing.
         let ids = match (self.resolve_model(&model), prompt) {
             (_, Err(e)) => Err(Unread::Failed(e)),
             (Ok(r), Ok(p)) if self.has_candidates(&r) => self.tokenize(r.model, p).await,
             (_, Ok(_)) => Ok(Vec::new()),
         };
-        self.place(target, |_| ids, mode, PickAt::now()).await
+        self.decide(request, ids, mode, at).await
     }
 
-    /// A pick of a prompt already tokenized, at a given moment: what
-    /// [`Picker::pick`] does after tokenizing. The benchmark drives the
-    /// service's picks through this with virtual instants and seeded draws.
-    pub async fn pick_ids(&self, input: IdsInput, mode: Mode, at: PickAt) -> Outcome {
-        let target = Target {
-            request_id: &input.request_id,
-            tenant: &input.tenant,
-            model: &input.model,
-            cache_salt: input.cache_salt.as_deref(),
-            start: Instant::now(),
-        };
-        let ids = input.token_ids;
-        self.place(target, |_| Ok(ids), mode, at).await
-    }
-
-    /// What a pick of `token_ids` would see of every worker of `model` at
-    /// `now`, changing nothing; `None` for an unknown model. For routers
-    /// that score with their own rules on the service's view (the
-    /// benchmark's peer policies).
-    pub async fn sight(
+    /// The pick once the prompt is tokenized: `ids` are its token ids (or
+    /// why there are none: the pick degrades to load only), `at` its
+    /// moment and draw.
+    async fn decide(
         &self,
-        model: &str,
-        token_ids: &[u32],
-        cache_salt: Option<&str>,
-        now: Instant,
-    ) -> Option<Sight> {
-        let model = self.models.get(model)?;
-        let workers = self.workers.serving(&model.name);
-        Some(
-            self.look(model, &model.keys, &workers, token_ids, cache_salt, now)
-                .await,
-        )
-    }
-
-    /// The pick proper, once the prompt's model is known: `ids` gives its
-    /// token ids (or why there are none: the pick degrades to load only),
-    /// `at` its moment and draw.
-    async fn place(
-        &self,
-        target: Target<'_>,
-        ids: impl FnOnce(&Model) -> Result<Vec<u32>, Unread>,
+        request: RequestRef<'_>,
+        ids: Result<Vec<u32>, Unread>,
         mode: Mode,
         at: PickAt,
     ) -> Outcome {
         // Wall time, for the pick latency histogram (tokenizing included).
-        let start = target.start;
+        let start = request.start;
         let policy = policy_name(self.policy);
-        let tenant = self.metrics.tenant_label(target.tenant);
-        let resolved = match self.resolve_model(target.model) {
+        let tenant = self.metrics.tenant_label(request.tenant);
+        let resolved = match self.resolve_model(request.model) {
             Ok(r) => {
                 if r.defaulted && mode != Mode::DryRun {
                     self.metrics.model_defaulted.inc();
-                    tracing::debug!(model = %r.model.name, request_id = %target.request_id, "no model in the request: the only one served");
+                    tracing::debug!(model = %r.model.name, request_id = %request.request_id, "no model in the request: the only one served");
                 }
                 r
             }
@@ -396,7 +355,7 @@ impl Picker {
 
         let mut reason = String::new();
         let mut degraded: Option<&'static str> = None;
-        let ids = match ids(model) {
+        let ids = match ids {
             Ok(ids) => ids,
             Err(e) => {
                 degraded = Some(e.reason());
@@ -404,11 +363,11 @@ impl Picker {
                 Vec::new()
             }
         };
-        let sight = self
-            .look(model, &keys_ctx, &workers, &ids, target.cache_salt, at.now)
+        let view = self
+            .view_workers(model, &keys_ctx, &workers, &ids, request.cache_salt, at.now)
             .await;
-        let prompt_tokens = sight.request.prompt_tokens;
-        if let Some(e) = &sight.index_error {
+        let prompt_tokens = view.prompt.prompt_tokens;
+        if let Some(e) = &view.index_error {
             degraded = Some("index_unavailable");
             reason = format!("index_unavailable: {e}");
         }
@@ -416,22 +375,31 @@ impl Picker {
             Mode::Commit | Mode::Deferred => self.counter.fetch_add(1, Relaxed),
             Mode::DryRun => self.counter.load(Relaxed),
         };
-        let turn = Turn {
+        let rotation = Rotation {
             counter,
             random: at.random,
         };
-        let views = &sight.views;
-        let ranked = scoring::rank(self.policy, &self.scoring, sight.request, views, turn);
-
+        let views = &view.views;
+        // Each worker predicted once: ranked, and reported for every one.
+        let predictions = scoring::predict_all(&self.scoring, prompt_tokens, views);
+        let ranked = scoring::rank(
+            self.policy,
+            &self.scoring,
+            view.prompt,
+            views,
+            &predictions,
+            rotation,
+        );
         let candidates: Vec<Candidate> = workers
             .iter()
             .zip(views)
-            .map(|(w, v)| Candidate {
+            .zip(&predictions)
+            .map(|((w, v), &prediction)| Candidate {
                 worker: w.slot,
                 name: w.cfg.name.clone(),
                 endpoint: w.cfg.endpoint.clone(),
                 matched_tokens: v.matched_tokens().min(prompt_tokens),
-                prediction: scoring::predict(&self.scoring, prompt_tokens, v),
+                prediction,
                 in_flight: v.in_flight,
             })
             .collect();
@@ -462,10 +430,10 @@ impl Picker {
             return outcome;
         }
         let placement = Placement {
-            request_id: target.request_id.to_owned(),
+            request_id: request.request_id.to_owned(),
             worker: chosen.worker,
             worker_id: workers[best.index].id,
-            keys: sight.keys,
+            keys: view.keys,
             prediction: best.prediction,
             tenant,
             policy,
@@ -481,71 +449,6 @@ impl Picker {
             self.commit(placement);
         }
         outcome
-    }
-
-    /// Records a pick: its ledger entry (in flight on its worker, its
-    /// prompt queued there until the first token), its routes and its
-    /// metrics. A pick whose terminal report came first records nothing.
-    /// The gRPC handler calls this last, once its caller is known to be
-    /// still there ([`Mode::Deferred`]).
-    pub fn commit(&self, p: Placement) -> Committed {
-        // The slot may be vacated (its ledger entries dropped) or hold a new
-        // worker by now: record nothing on it then.
-        let present = self
-            .workers
-            .get(p.worker)
-            .is_some_and(|w| w.id == p.worker_id && !w.is_retired());
-        if !present {
-            self.metrics
-                .pick_abandoned
-                .get_or_create(&AbandonLabels {
-                    reason: "worker_gone",
-                })
-                .inc();
-            return Committed::WorkerGone;
-        }
-        if !p.request_id.is_empty() {
-            let entry = Entry {
-                worker: p.worker,
-                prediction: p.prediction,
-                picked_at: p.at,
-                first_token_at: None,
-                tenant: p.tenant.clone(),
-                policy: p.policy,
-            };
-            if self.ledger.open(&p.request_id, entry, p.keys.clone()) == Opened::Reported {
-                self.metrics
-                    .pick_abandoned
-                    .get_or_create(&AbandonLabels { reason: "reported" })
-                    .inc();
-                tracing::debug!(request_id = %p.request_id, "pick not counted: its terminal report came first");
-                return Committed::Reported;
-            }
-        }
-        self.routes.record(p.worker, &p.keys, p.at);
-        if let Some(reason) = p.degraded {
-            self.metrics
-                .degraded
-                .get_or_create(&ReasonLabels {
-                    reason,
-                    tenant: p.tenant.clone(),
-                })
-                .inc();
-        } else {
-            self.metrics
-                .prompt_tokens
-                .observe(f64::from(p.prompt_tokens));
-            if p.prompt_tokens > 0 {
-                self.metrics
-                    .matched_ratio
-                    .observe(f64::from(p.matched_tokens) / f64::from(p.prompt_tokens));
-            }
-        }
-        self.metrics
-            .predicted_ttft
-            .observe(p.prediction.ttft_ms / 1000.0);
-        self.count(Mode::Commit, p.policy, "routed", &p.tenant, p.start);
-        Committed::Recorded
     }
 
     /// The request's model: by name, or the only one served when the
@@ -606,119 +509,6 @@ impl Picker {
             Some(_) => true,
         }
     }
-
-    /// The prompt's keys, where its blocks are cached, and one view per
-    /// worker of `model` (`workers`, in their order) at `now`.
-    async fn look(
-        &self,
-        model: &Model,
-        keys_ctx: &KeyContext,
-        workers: &[Arc<Worker>],
-        ids: &[u32],
-        cache_salt: Option<&str>,
-        now: Instant,
-    ) -> Sight {
-        let keys = if ids.is_empty() {
-            Vec::new()
-        } else {
-            prompt_keys(keys_ctx, cache_salt, ids)
-        };
-        let mut matches = HashMap::new();
-        let mut index_error = None;
-        if !keys.is_empty() {
-            match self.index.lookup(&keys).await {
-                Ok(found) => matches.extend(found.into_iter().map(|m| (m.worker, m))),
-                Err(e) => index_error = Some(e.to_string()),
-            }
-        }
-        let (loads, queued) = self.ledger.view(&keys);
-        let routes = self.routes.lookup(&keys, now, queued);
-        let (found, views) = workers
-            .iter()
-            .map(|w| {
-                let found = matches.remove(&w.id);
-                let view = worker_view(
-                    w.is_up(self.down_after),
-                    found.as_ref(),
-                    model.block_size,
-                    &loads.get(w.slot).copied().unwrap_or_default(),
-                    w.health.load(),
-                    routes.worker(w.slot),
-                );
-                (found, view)
-            })
-            .unzip();
-        let request = Request {
-            prompt_tokens: u32::try_from(ids.len()).unwrap_or(u32::MAX),
-            seen_tokens: routes.seen_tokens(model.block_size),
-        };
-        Sight {
-            keys,
-            found,
-            views,
-            request,
-            index_error,
-        }
-    }
-
-    fn count(
-        &self,
-        mode: Mode,
-        policy: &'static str,
-        outcome: &'static str,
-        tenant: &str,
-        start: Instant,
-    ) {
-        if mode == Mode::DryRun {
-            return;
-        }
-        self.metrics
-            .picks
-            .get_or_create(&PickLabels {
-                policy,
-                outcome,
-                tenant: tenant.to_owned(),
-            })
-            .inc();
-        self.metrics
-            .pick_latency
-            .observe(start.elapsed().as_secs_f64());
-    }
-}
-
-/// What the picker knows about one worker for one prompt: its health, the
-/// prompt's cached blocks there (`found`, from the index), our in-flight
-/// load and calibrated rate, its last scrape, and what we routed there
-/// recently. The service's picks and the benchmark's build views with this.
-pub fn worker_view(
-    up: bool,
-    found: Option<&WorkerMatch>,
-    block_size: u32,
-    load: &LocalLoad,
-    scraped: Option<ScrapedLoad>,
-    routes: WorkerRoutes,
-) -> WorkerView {
-    let (gpu, any) = found.map_or((0, 0), |m| (m.gpu_blocks, m.cpu_blocks.max(m.gpu_blocks)));
-    WorkerView {
-        up,
-        gpu_hit_tokens: gpu.saturating_mul(block_size),
-        cpu_hit_tokens: (any - gpu).saturating_mul(block_size),
-        in_flight: load.in_flight,
-        unprefilled_tokens: load.unprefilled_tokens,
-        decoding: load.decoding,
-        scraped,
-        prefill_rate: load.prefill_rate,
-        queued_hit_tokens: routes.queued_blocks.saturating_mul(block_size),
-        routed_prompt_tokens: routes.routed.prompt_blocks.saturating_mul(block_size),
-        routed_other_tokens: routes
-            .routed
-            .other_blocks
-            .saturating_mul(u64::from(block_size)),
-        placed_other_tokens: routes
-            .placed
-            .other_blocks
-            .saturating_mul(u64::from(block_size)),
-    }
 }
 
 /// `(block, worker)` entries each route memory keeps at most (~20 MB).
@@ -745,7 +535,7 @@ fn empty(policy: &'static str, reason: String) -> Outcome {
 mod tests {
     use super::*;
     use crate::app::build_picker;
-    use crate::report::Report;
+    use crate::picker::report::Report;
     use prometheus_client::registry::Registry;
 
     fn picker(policy: &str) -> Arc<Picker> {
@@ -758,14 +548,12 @@ scoring: {{policy: {policy}}}
 "
         ))
         .unwrap();
-        build_picker(&cfg, HashMap::new(), &mut Registry::default()).0
+        build_picker(&cfg, HashMap::new(), &mut Registry::default())
     }
 
     /// Two workers of model `m` with the shared Qwen3 tokenizer, on `index`.
     fn tokenizing_picker(index: Index, registry: &mut Registry) -> Arc<Picker> {
-        let shared = std::env::var_os("KVSTEER_SHARED")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared").into());
+        let shared = kvsteer_e2e::shared_dir();
         let tok = PromptTokenizer::from_dir(&shared.join("tokenizers/qwen3")).unwrap();
         let cfg = Config::from_yaml(
             "models: [{name: m, tokenizer: /nowhere}]
@@ -776,16 +564,21 @@ workers:
         )
         .unwrap();
         let tokenizers = HashMap::from([("m".to_owned(), Arc::new(tok))]);
-        crate::app::build_picker_on(&cfg, tokenizers, registry, index).0
+        crate::app::build_picker_on(&cfg, tokenizers, registry, index)
     }
 
+    /// A text prompt of 64 tokens, 4 blocks (unread by the pickers that load no
+    /// tokenizer).
     fn input(id: &str, model: &str) -> PickInput {
         PickInput {
             request_id: id.into(),
             tenant: "t".into(),
             model: model.into(),
             prompt: Ok(Prompt::Completion {
-                prompt: kvsteer_tokenize::CompletionPrompt::Ids(vec![1; 64]),
+                prompt: kvsteer_tokenize::CompletionPrompt::Text(format!(
+                    "hello{}",
+                    " hello".repeat(63)
+                )),
                 add_special_tokens: None,
             }),
             cache_salt: None,
@@ -897,7 +690,7 @@ workers:
 ",
         )
         .unwrap();
-        let two = build_picker(&cfg, HashMap::new(), &mut Registry::default()).0;
+        let two = build_picker(&cfg, HashMap::new(), &mut Registry::default());
         let out = two.pick(input("r1", ""), Mode::Commit).await;
         assert!(out.endpoints.is_empty());
         assert_eq!(
@@ -907,12 +700,15 @@ workers:
         assert!(two.ledger().is_empty());
     }
 
-    fn ids_input(id: &str, token_ids: Vec<u32>) -> IdsInput {
-        IdsInput {
+    fn ids_input(id: &str, token_ids: Vec<u32>) -> PickInput {
+        PickInput {
             request_id: id.into(),
             tenant: "t".into(),
             model: "m".into(),
-            token_ids,
+            prompt: Ok(Prompt::Completion {
+                prompt: kvsteer_tokenize::CompletionPrompt::Ids(token_ids),
+                add_special_tokens: None,
+            }),
             cache_salt: None,
         }
     }
@@ -930,25 +726,28 @@ workers:
             random: 0,
         };
         let first = p
-            .pick_ids(ids_input("r1", vec![7; 64]), Mode::Commit, at(0))
+            .pick_at(ids_input("r1", vec![7; 64]), Mode::Commit, at(0))
             .await;
         assert!(!first.decision.degraded, "{:?}", first.decision);
         assert_eq!(first.decision.prompt_tokens, 64);
         let twin = p
-            .pick_ids(ids_input("r2", vec![7; 64]), Mode::Commit, at(1))
+            .pick_at(ids_input("r2", vec![7; 64]), Mode::Commit, at(1))
             .await;
         assert_eq!(twin.decision.worker, first.decision.worker);
         // The route memory ages by the given moments: within the placement
         // window the prompt is known, an hour later it is not.
-        for (s, request) in [(2, Request::seen(64)), (3_600, Request::unseen(64))] {
-            let sight = p.sight("m", &[7; 64], None, at(s).now).await.unwrap();
-            assert_eq!(sight.request, request, "at {s} s");
+        for (s, request) in [
+            (2, scoring::PromptTokens::seen(64)),
+            (3_600, scoring::PromptTokens::unseen(64)),
+        ] {
+            let sight = p.view("m", &[7; 64], None, at(s).now).await.unwrap();
+            assert_eq!(sight.prompt, request, "at {s} s");
         }
-        let unknown = IdsInput {
+        let unknown = PickInput {
             model: "x".into(),
             ..ids_input("r4", vec![7; 64])
         };
-        let out = p.pick_ids(unknown, Mode::Commit, at(3_601)).await;
+        let out = p.pick_at(unknown, Mode::Commit, at(3_601)).await;
         assert!(out.decision.reason.starts_with("unknown_model"));
     }
 
@@ -966,7 +765,7 @@ workers:
                 };
                 let id = format!("r{i}");
                 let o = p
-                    .pick_ids(ids_input(&id, vec![1; 32]), Mode::Commit, at)
+                    .pick_at(ids_input(&id, vec![1; 32]), Mode::Commit, at)
                     .await;
                 out.push(o.decision.worker);
             }
@@ -981,26 +780,26 @@ workers:
     }
 
     #[tokio::test]
-    async fn a_sight_changes_nothing() {
+    async fn a_view_changes_nothing() {
         let p = picker("kvsteer");
         let now = Instant::now();
-        p.pick_ids(
+        p.pick_at(
             ids_input("r1", vec![7; 64]),
             Mode::Commit,
             PickAt { now, random: 0 },
         )
         .await;
-        let a = p.sight("m", &[7; 64], None, now).await.unwrap();
-        let b = p.sight("m", &[7; 64], None, now).await.unwrap();
+        let a = p.view("m", &[7; 64], None, now).await.unwrap();
+        let b = p.view("m", &[7; 64], None, now).await.unwrap();
         assert_eq!(a.views, b.views);
         assert_eq!(a.keys.len(), 4);
         assert_eq!(a.found, vec![None, None]);
-        assert_eq!(a.request, Request::seen(64));
+        assert_eq!(a.prompt, scoring::PromptTokens::seen(64));
         // The queued twin shows on one worker only.
         let queued: Vec<u32> = a.views.iter().map(|v| v.queued_hit_tokens).collect();
         assert!(queued.contains(&64) && queued.contains(&0), "{queued:?}");
         assert_eq!(p.ledger().len(), 1);
-        assert!(p.sight("x", &[7; 64], None, now).await.is_none());
+        assert!(p.view("x", &[7; 64], None, now).await.is_none());
     }
 
     /// A backend whose every call fails, like Redis when it is down.

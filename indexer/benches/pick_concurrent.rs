@@ -1,0 +1,153 @@
+//! Concurrent picks: p50 / p99 pick latency with 1, 8 and 64 picks in
+//! flight, each on its own thread, and the picks per second they make
+//! together. Warm 1k-token chat turns (the previous turn indexed on one of
+//! 8 workers), each followed by its first-token and done reports, so the
+//! ledger, the route memories and the index are read and written as the
+//! service does.
+//!
+//! Two variants in one run:
+//! - `shared`: the picker as the service runs it;
+//! - `one lock`: the same picks and reports behind a single `Mutex` (the
+//!   naive baseline: all of the picker's state under one lock).
+//!
+//! The same file builds against an earlier commit (it uses only `pick`,
+//! `report` and `build_picker`), which is how the old structure is raced
+//! against the new (see `indexer/README.md`, "Pick latency under
+//! concurrency"). `KVSTEER_BENCH_LABEL` names the build in the output.
+//!
+//! `cargo bench -p kvsteer-indexer --bench pick_concurrent`
+
+use kvsteer_indexer::{
+    app::build_picker,
+    picker::{Mode, Picker, report::Report},
+};
+use kvsteer_tokenize::{ChatRequest, PromptTokenizer};
+use parking_lot::Mutex;
+use prometheus_client::registry::Registry;
+use rand::{SeedableRng, rngs::SmallRng};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Barrier},
+    time::{Duration, Instant},
+};
+
+mod common;
+use common::{MODEL, chat_input, config, conversation, next_turn, percentiles, shared, stored};
+
+/// Picks per concurrency level (split over its threads).
+const PICKS: usize = 6_000;
+/// Conversations the picks continue (each indexed on one worker).
+const CONVERSATIONS: usize = 64;
+const ROUNDS: usize = 3;
+
+fn main() {
+    let label = std::env::var("KVSTEER_BENCH_LABEL").unwrap_or_else(|_| "this build".into());
+    let dir = shared().join("tokenizers/qwen3");
+    let cfg = config(8, "");
+    let tok = Arc::new(PromptTokenizer::from_dir(&dir).expect("tokenizer"));
+    let mut tokenizers = HashMap::new();
+    tokenizers.insert(MODEL.to_owned(), tok.clone());
+    let picker = build_picker(&cfg, tokenizers, &mut Registry::default());
+    let index = picker.index().clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let mut rng = SmallRng::seed_from_u64(11);
+    let convs: Vec<ChatRequest> = (0..CONVERSATIONS)
+        .map(|i| {
+            let c = conversation(&tok, &mut rng, 1_000);
+            let ids = tok.chat_token_ids(&c).expect("ids");
+            rt.block_on(index.apply_batch((i % 8) as u32, &stored(&ids, (i as u64 + 1) << 32)));
+            c
+        })
+        .collect();
+    // Every turn the run will pick, made before the clock starts.
+    let turns: Vec<ChatRequest> = (0..PICKS)
+        .map(|i| next_turn(&convs[i % CONVERSATIONS], &mut rng))
+        .collect();
+    for t in &turns[..CONVERSATIONS] {
+        tok.chat_token_ids(t).expect("ids"); // the segment cache warm
+    }
+
+    println!(
+        "pick latency under concurrency ({label}): warm ~1k-token turns, 8 workers, {PICKS} picks per level, best of {ROUNDS} rounds by p99"
+    );
+    println!("variant    threads        p50        p99   picks/s");
+    let one_lock = Mutex::new(());
+    let mut seq = 0usize;
+    for threads in [1, 8, 64] {
+        for (variant, lock) in [("shared", None), ("one lock", Some(&one_lock))] {
+            let best = (0..ROUNDS)
+                .map(|_| {
+                    seq += 1;
+                    run(&picker, &turns, threads, lock, seq)
+                })
+                .min_by_key(|r| r.p99)
+                .expect("rounds");
+            println!(
+                "{variant:<10} {threads:>7} {:>10.1?} {:>10.1?} {:>9.0}",
+                best.p50, best.p99, best.rate
+            );
+        }
+    }
+}
+
+struct Run {
+    p50: Duration,
+    p99: Duration,
+    rate: f64,
+}
+
+/// `turns` picked by `threads` threads at once (round `round` names the
+/// request ids), each pick followed by its reports.
+fn run(
+    picker: &Picker,
+    turns: &[ChatRequest],
+    threads: usize,
+    lock: Option<&Mutex<()>>,
+    round: usize,
+) -> Run {
+    let per = turns.len() / threads;
+    let barrier = Barrier::new(threads);
+    let started = Instant::now();
+    let took: Vec<Duration> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let barrier = &barrier;
+                let mine = &turns[t * per..(t + 1) * per];
+                s.spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .expect("runtime");
+                    let mut took = Vec::with_capacity(mine.len());
+                    barrier.wait();
+                    for (i, turn) in mine.iter().enumerate() {
+                        let id = format!("c{round}-{t}-{i}");
+                        let input = chat_input(id.clone(), turn.clone());
+                        let start = Instant::now();
+                        let guard = lock.map(|l| l.lock());
+                        let out = rt.block_on(picker.pick(input, Mode::Commit));
+                        took.push(start.elapsed());
+                        assert!(!out.endpoints.is_empty(), "a pick with no endpoint");
+                        picker.report(&Report::first_token(&id, 50.0, true), Instant::now());
+                        picker.report(&Report::done(&id, 100.0), Instant::now());
+                        drop(guard);
+                    }
+                    took
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("bench thread"))
+            .collect()
+    });
+    let elapsed = started.elapsed();
+    let n = took.len();
+    let [p50, _, p99] = percentiles(took);
+    Run {
+        p50,
+        p99,
+        rate: n as f64 / elapsed.as_secs_f64(),
+    }
+}

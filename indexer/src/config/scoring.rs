@@ -1,0 +1,183 @@
+//! The `scoring:` section: the policy and the knobs of the `kvsteer` rule
+//! (see `scoring::kvsteer` and `indexer/README.md`, "Scoring", for what
+//! each one does and the measurement behind its default).
+
+use super::{ConfigError, invalid, positive, unit};
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_PREFILL_RATE_PRIOR: f64 = 8_000.0;
+pub const DEFAULT_GPU_HIT_WEIGHT: f64 = 1.0;
+pub const DEFAULT_CPU_HIT_WEIGHT: f64 = 0.8;
+pub const DEFAULT_DECODE_MS_PER_RUNNING: f64 = 0.5;
+pub const DEFAULT_WAITING_REQUEST_TOKENS: u32 = 1_024;
+pub const DEFAULT_IN_FLIGHT_TTL_S: u64 = 300;
+pub const DEFAULT_CALIBRATION_ALPHA: f64 = 0.1;
+pub const DEFAULT_CALIBRATION_MIN_TOKENS: u32 = 256;
+pub const DEFAULT_RATE_MIN_FACTOR: f64 = 0.25;
+pub const DEFAULT_RATE_MAX_FACTOR: f64 = 4.0;
+pub const DEFAULT_MAX_ENDPOINTS: u32 = 3;
+/// vLLM's default `max_num_seqs`.
+pub const DEFAULT_MAX_NUM_SEQS: u32 = 256;
+pub const DEFAULT_KV_FULL_THRESHOLD: f64 = 0.95;
+pub const DEFAULT_TIE_RATIO: f64 = 0.05;
+pub const DEFAULT_CONGESTION_WEIGHT: f64 = 2.0;
+pub const DEFAULT_ROUTE_WINDOW_S: u64 = 60;
+pub const DEFAULT_ROUTE_FILL: f64 = 1.0;
+pub const DEFAULT_PLACEMENT_WINDOW_S: u64 = 600;
+pub const DEFAULT_NOVEL_SPREAD: f64 = 1.0;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    Random,
+    RoundRobin,
+    LeastRequest,
+    PrefixOnly,
+    #[default]
+    Kvsteer,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScoringConfig {
+    pub policy: Policy,
+    /// Prefill throughput assumed for a worker before calibration (tokens/s).
+    pub prefill_rate_prior: f64,
+    /// Share of a block's prefill saved by a GPU-tier hit (0..=1).
+    pub gpu_hit_weight: f64,
+    /// Share of a block's prefill saved by a CPU-tier hit (0..=1).
+    pub cpu_hit_weight: f64,
+    /// Delay added to a prefill per running sequence (ms).
+    pub decode_ms_per_running: f64,
+    /// Prompt tokens assumed for each request in a worker's scraped waiting queue.
+    pub waiting_request_tokens: u32,
+    /// In-flight entries without a report are dropped after this long (s).
+    pub in_flight_ttl_s: u64,
+    /// EWMA weight of each first-token observation in the prefill rate (0..=1).
+    pub calibration_alpha: f64,
+    /// Observations with less predicted work than this are not used for calibration.
+    pub calibration_min_tokens: u32,
+    /// Calibrated rate is clamped to `[prior * min, prior * max]`.
+    pub rate_min_factor: f64,
+    pub rate_max_factor: f64,
+    /// Endpoints returned per pick: the choice plus fallbacks.
+    pub max_endpoints: u32,
+    /// The workers' `--max-num-seqs`: with this many running, a waiting
+    /// request waits for a slot to free.
+    pub max_num_seqs: u32,
+    /// KV cache usage (0..=1) from which waiting requests wait for blocks to
+    /// free, for engines that do not export their cache size.
+    pub kv_full_threshold: f64,
+    /// Predictions within this fraction of the best one count as a tie,
+    /// broken by load and then in rotation, so equal workers share traffic.
+    pub tie_ratio: f64,
+    /// Weight of the delay a placement's prefill adds to the requests
+    /// queueing behind it (× the workers' mean first-token backlog); 0 ranks
+    /// by this request's predicted TTFT alone.
+    pub congestion_weight: f64,
+    /// Prompts routed to a worker within this many seconds are its working
+    /// set: a placement that pushes them out of its KV cache is charged
+    /// their prefill. 0: no route memory.
+    pub route_window_s: u64,
+    /// Share of a worker's KV cache (0..=1) the recently routed working set
+    /// may fill before a placement there is charged the prefill it evicts;
+    /// the rest is headroom for the running requests' growth.
+    pub route_fill: f64,
+    /// Prompts routed to a worker within this many seconds are the
+    /// conversations and documents it has taken on (their follow-ups come
+    /// back there); a prompt's prefix routed anywhere within it is known,
+    /// the rest of the prompt, cached nowhere, is new. 0: no such memory
+    /// (every prompt cached nowhere is new, placements are not counted).
+    pub placement_window_s: u64,
+    /// A prompt's new share (0..=1) times this widens its near-tie band:
+    /// where a new conversation or document lands decides where its
+    /// follow-ups go, so among workers within that share of the best cost
+    /// it takes the least loaded, then the one with the least placed on it.
+    /// 0: the band stays `tie_ratio`.
+    pub novel_spread: f64,
+}
+
+// === impl Default ===
+
+impl Default for ScoringConfig {
+    fn default() -> Self {
+        Self {
+            policy: Policy::default(),
+            prefill_rate_prior: DEFAULT_PREFILL_RATE_PRIOR,
+            gpu_hit_weight: DEFAULT_GPU_HIT_WEIGHT,
+            cpu_hit_weight: DEFAULT_CPU_HIT_WEIGHT,
+            decode_ms_per_running: DEFAULT_DECODE_MS_PER_RUNNING,
+            waiting_request_tokens: DEFAULT_WAITING_REQUEST_TOKENS,
+            in_flight_ttl_s: DEFAULT_IN_FLIGHT_TTL_S,
+            calibration_alpha: DEFAULT_CALIBRATION_ALPHA,
+            calibration_min_tokens: DEFAULT_CALIBRATION_MIN_TOKENS,
+            rate_min_factor: DEFAULT_RATE_MIN_FACTOR,
+            rate_max_factor: DEFAULT_RATE_MAX_FACTOR,
+            max_endpoints: DEFAULT_MAX_ENDPOINTS,
+            max_num_seqs: DEFAULT_MAX_NUM_SEQS,
+            kv_full_threshold: DEFAULT_KV_FULL_THRESHOLD,
+            tie_ratio: DEFAULT_TIE_RATIO,
+            congestion_weight: DEFAULT_CONGESTION_WEIGHT,
+            route_window_s: DEFAULT_ROUTE_WINDOW_S,
+            route_fill: DEFAULT_ROUTE_FILL,
+            placement_window_s: DEFAULT_PLACEMENT_WINDOW_S,
+            novel_spread: DEFAULT_NOVEL_SPREAD,
+        }
+    }
+}
+
+// === impl ScoringConfig ===
+
+impl ScoringConfig {
+    /// Reads scoring settings from YAML: an indexer configuration (its
+    /// `scoring:` section) or that section alone. Unset keys take their
+    /// defaults; the result is validated.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let value: serde_norway::Value = serde_norway::from_str(text)?;
+        let section = match value.get("scoring") {
+            Some(s) => s.clone(),
+            None if value.is_null() => serde_norway::Value::Mapping(Default::default()),
+            None => value,
+        };
+        let cfg: ScoringConfig = serde_norway::from_value(section)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        positive("scoring.prefill_rate_prior", self.prefill_rate_prior)?;
+        unit("scoring.gpu_hit_weight", self.gpu_hit_weight)?;
+        unit("scoring.cpu_hit_weight", self.cpu_hit_weight)?;
+        if !(self.decode_ms_per_running.is_finite() && self.decode_ms_per_running >= 0.0) {
+            return Err(invalid("scoring.decode_ms_per_running", "must be >= 0"));
+        }
+        if self.in_flight_ttl_s == 0 {
+            return Err(invalid("scoring.in_flight_ttl_s", "must be > 0"));
+        }
+        unit("scoring.calibration_alpha", self.calibration_alpha)?;
+        positive("scoring.rate_min_factor", self.rate_min_factor)?;
+        positive("scoring.rate_max_factor", self.rate_max_factor)?;
+        if self.rate_min_factor > 1.0 || self.rate_max_factor < 1.0 {
+            return Err(invalid(
+                "scoring.rate_min_factor",
+                "need rate_min_factor <= 1 <= rate_max_factor",
+            ));
+        }
+        if self.max_endpoints == 0 {
+            return Err(invalid("scoring.max_endpoints", "must be > 0"));
+        }
+        if self.max_num_seqs == 0 {
+            return Err(invalid("scoring.max_num_seqs", "must be > 0"));
+        }
+        unit("scoring.kv_full_threshold", self.kv_full_threshold)?;
+        unit("scoring.tie_ratio", self.tie_ratio)?;
+        unit("scoring.route_fill", self.route_fill)?;
+        if !(self.novel_spread.is_finite() && self.novel_spread >= 0.0) {
+            return Err(invalid("scoring.novel_spread", "must be >= 0"));
+        }
+        if !(self.congestion_weight.is_finite() && self.congestion_weight >= 0.0) {
+            return Err(invalid("scoring.congestion_weight", "must be >= 0"));
+        }
+        Ok(())
+    }
+}
