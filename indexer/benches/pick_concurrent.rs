@@ -1,9 +1,12 @@
 //! Concurrent picks: p50 / p99 pick latency with 1, 8 and 64 picks in
 //! flight, each on its own thread, and the picks per second they make
-//! together. Warm 1k-token chat turns (the previous turn indexed on one of
-//! 8 workers), each followed by its first-token and done reports, so the
-//! ledger, the route memories and the index are read and written as the
-//! service does.
+//! together. Warm ~1k-token conversations (the previous turn indexed on one
+//! of 8 workers), each pick followed by its first-token and done reports, so
+//! the ledger, the route memories and the index are read and written as the
+//! service does. Two prompt kinds: chat turns (tokenized: most of a pick's
+//! time) and the same turns as token ids (a completions request: no
+//! tokenizer, so the shared state is most of it). One untimed pass fills
+//! the route memories to their bound before anything is measured.
 //!
 //! Two variants in one run:
 //! - `shared`: the picker as the service runs it;
@@ -17,11 +20,12 @@
 //!
 //! `cargo bench -p kvsteer-indexer --bench pick_concurrent`
 
+use kvsteer_indexer::prompt::Prompt;
 use kvsteer_indexer::{
     app::build_picker,
-    picker::{Mode, Picker, report::Report},
+    picker::{Mode, PickInput, Picker, report::Report},
 };
-use kvsteer_tokenize::{ChatRequest, PromptTokenizer};
+use kvsteer_tokenize::{ChatRequest, CompletionPrompt, PromptTokenizer};
 use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 use rand::{SeedableRng, rngs::SmallRng};
@@ -32,7 +36,7 @@ use std::{
 };
 
 mod common;
-use common::{MODEL, chat_input, config, conversation, next_turn, percentiles, shared, stored};
+use common::{MODEL, config, conversation, next_turn, percentiles, shared, stored};
 
 /// Picks per concurrency level (split over its threads).
 const PICKS: usize = 6_000;
@@ -62,32 +66,41 @@ fn main() {
         })
         .collect();
     // Every turn the run will pick, made before the clock starts.
-    let turns: Vec<ChatRequest> = (0..PICKS)
+    let chats: Vec<ChatRequest> = (0..PICKS)
         .map(|i| next_turn(&convs[i % CONVERSATIONS], &mut rng))
         .collect();
-    for t in &turns[..CONVERSATIONS] {
-        tok.chat_token_ids(t).expect("ids"); // the segment cache warm
-    }
+    let as_ids: Vec<Prompt> = chats
+        .iter()
+        .map(|c| Prompt::Completion {
+            prompt: CompletionPrompt::Ids(tok.chat_token_ids(c).expect("ids")),
+            add_special_tokens: None,
+        })
+        .collect();
+    let as_chat: Vec<Prompt> = chats.into_iter().map(Prompt::Chat).collect();
+    // Untimed: the segment cache warm, the route memories at their bound.
+    run(&picker, &as_chat, 1, None, 0);
 
     println!(
         "pick latency under concurrency ({label}): warm ~1k-token turns, 8 workers, {PICKS} picks per level, best of {ROUNDS} rounds by p99"
     );
-    println!("variant    threads        p50        p99   picks/s");
+    println!("prompt     variant    threads        p50        p99   picks/s");
     let one_lock = Mutex::new(());
     let mut seq = 0usize;
-    for threads in [1, 8, 64] {
-        for (variant, lock) in [("shared", None), ("one lock", Some(&one_lock))] {
-            let best = (0..ROUNDS)
-                .map(|_| {
-                    seq += 1;
-                    run(&picker, &turns, threads, lock, seq)
-                })
-                .min_by_key(|r| r.p99)
-                .expect("rounds");
-            println!(
-                "{variant:<10} {threads:>7} {:>10.1?} {:>10.1?} {:>9.0}",
-                best.p50, best.p99, best.rate
-            );
+    for (kind, prompts) in [("chat", &as_chat), ("token ids", &as_ids)] {
+        for threads in [1, 8, 64] {
+            for (variant, lock) in [("shared", None), ("one lock", Some(&one_lock))] {
+                let best = (0..ROUNDS)
+                    .map(|_| {
+                        seq += 1;
+                        run(&picker, prompts, threads, lock, seq)
+                    })
+                    .min_by_key(|r| r.p99)
+                    .expect("rounds");
+                println!(
+                    "{kind:<10} {variant:<10} {threads:>7} {:>10.1?} {:>10.1?} {:>9.0}",
+                    best.p50, best.p99, best.rate
+                );
+            }
         }
     }
 }
@@ -98,32 +111,38 @@ struct Run {
     rate: f64,
 }
 
-/// `turns` picked by `threads` threads at once (round `round` names the
+/// `prompts` picked by `threads` threads at once (round `round` names the
 /// request ids), each pick followed by its reports.
 fn run(
     picker: &Picker,
-    turns: &[ChatRequest],
+    prompts: &[Prompt],
     threads: usize,
     lock: Option<&Mutex<()>>,
     round: usize,
 ) -> Run {
-    let per = turns.len() / threads;
+    let per = prompts.len() / threads;
     let barrier = Barrier::new(threads);
     let started = Instant::now();
     let took: Vec<Duration> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let barrier = &barrier;
-                let mine = &turns[t * per..(t + 1) * per];
+                let mine = &prompts[t * per..(t + 1) * per];
                 s.spawn(move || {
                     let rt = tokio::runtime::Builder::new_current_thread()
                         .build()
                         .expect("runtime");
                     let mut took = Vec::with_capacity(mine.len());
                     barrier.wait();
-                    for (i, turn) in mine.iter().enumerate() {
+                    for (i, prompt) in mine.iter().enumerate() {
                         let id = format!("c{round}-{t}-{i}");
-                        let input = chat_input(id.clone(), turn.clone());
+                        let input = PickInput {
+                            request_id: id.clone(),
+                            tenant: String::new(),
+                            model: MODEL.into(),
+                            prompt: Ok(prompt.clone()),
+                            cache_salt: None,
+                        };
                         let start = Instant::now();
                         let guard = lock.map(|l| l.lock());
                         let out = rt.block_on(picker.pick(input, Mode::Commit));

@@ -1,54 +1,44 @@
-//! What the router sent where, over time windows: each worker's working
-//! set as the router sees it, and the prompts it has taken on.
+//! What the router sent where, over two time windows: each worker's
+//! working set as the router sees it (`route_window_s`), and the prompts it
+//! has taken on (`placement_window_s`, minutes: their follow-ups come back
+//! there; and which prompt prefixes the router has seen at all).
 //!
-//! [`RecentRoutes`] remembers which prompt blocks were sent where in the last
-//! `route_window_s`: each worker's working set as the router sees it, whether
-//! or not the engine still caches (or already caches) those blocks.
-//! A second one over `placement_window_s` (minutes) tells which prompts a
-//! worker has taken on (their follow-ups come back there) and which prompt
-//! prefixes the router has seen at all; [`RouteMemory`] holds both. Neither
-//! is per request: the prompts picked and not yet prefilled are the
-//! request ledger's ([`crate::ledger`]), which fills [`RouteView::queued`].
+//! Both windows are views of one record: per prompt block, the last time it
+//! was routed to each worker. A pick looks each of its blocks up once for
+//! both windows and a commit records each once (two separate memories
+//! took a third of a warm pick of token ids; see `indexer/README.md`, "Pick
+//! latency under concurrency"). Neither window is per request: the prompts
+//! picked and not yet prefilled are the request ledger's
+//! ([`crate::ledger`]), which fills [`RouteView::queued`].
 //!
-//! Every pick reads both memories and every committed pick writes them, so
-//! they have no global lock: blocks are sharded by key (a pick locks each
-//! shard its prompt touches once, readers in parallel), each worker's entry
-//! count is an atomic kept under the shard lock that changes it, and
-//! entries leave on the housekeeping tick ([`RecentRoutes::expire`]), not
-//! inside a pick. A lookup ignores entries already past the window, so what
-//! the tick has not yet dropped never counts as this prompt's; until the
-//! tick, such entries still count in [`Routed::other_blocks`].
+//! Lookups share a read lock and change nothing; entries leave on the
+//! housekeeping tick ([`RouteMemory::expire`]), never inside a pick. A
+//! lookup ignores entries already past a window, so what the tick has not
+//! yet dropped never counts as this prompt's; until the tick, such entries
+//! still count in [`Routed::other_blocks`].
 
 use crate::config::ScoringConfig;
 use crate::keys::{BlockKey, KeyHasher};
 use parking_lot::RwLock;
 use std::{
-    borrow::Cow,
     collections::{HashMap, VecDeque},
-    sync::atomic::{AtomicU64, Ordering::Relaxed},
     time::{Duration, Instant},
 };
 
-/// Shards at most; a memory gets fewer when each would keep fewer than
-/// [`MIN_SHARD_ENTRIES`] entries (small memories, as in tests, keep one
-/// shard, so their bound is exact).
-const MAX_SHARDS: usize = 16;
-const MIN_SHARD_ENTRIES: usize = 4_096;
+/// The windows, in the order of [`Entry::live`].
+const ROUTED: usize = 0;
+const PLACED: usize = 1;
 
-/// The prompt blocks routed to each worker within a time window.
-pub struct RecentRoutes {
-    window: Duration,
-    /// Entries each shard keeps at most (oldest dropped first).
-    shard_capacity: usize,
-    /// `log2` of the shard count.
-    shard_bits: u32,
-    shards: Box<[RwLock<Shard>]>,
-    /// Live (block, worker) entries per worker slot, changed only under the
-    /// lock of the shard whose entries change.
-    blocks: Box<[AtomicU64]>,
+/// The prompt blocks routed to each worker within two time windows.
+pub struct RouteMemory {
+    /// `route_window_s`, `placement_window_s`; zero: that window is off.
+    spans: [Duration; 2],
+    /// (block, worker) entries kept at most (oldest dropped first).
+    capacity: usize,
+    inner: RwLock<Inner>,
 }
 
-/// What the recent routes say about one worker for one prompt, in blocks.
+/// What one window says about one worker for one prompt, in blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Routed {
     /// This prompt's blocks routed to the worker within the window.
@@ -57,236 +47,30 @@ pub struct Routed {
     pub other_blocks: u64,
 }
 
-#[derive(Default)]
-struct Shard {
-    /// Per block, the last time it was routed to each worker that got it
-    /// (`(slot, when)`; few per block): one hash lookup per block answers
-    /// for every worker, and the size does not grow with the worker slots.
-    last: HashMap<BlockKey, Vec<(u32, Instant)>, KeyHasher>,
-    /// Routing order, for expiry; stale items (routed again since, or
-    /// forgotten) are skipped when they come out.
+struct Inner {
+    /// Per block, the workers it was routed to (few per block): one hash
+    /// lookup per block answers for every worker and both windows.
+    last: HashMap<BlockKey, Vec<Entry>, KeyHasher>,
+    /// Routing order; items whose entry was routed again since (or
+    /// forgotten) are stale and skipped.
     order: VecDeque<(Instant, BlockKey, u32)>,
-    /// Live entries in `last`.
+    /// Per window: how many items of `order` (from the front) its expiry
+    /// has passed, and the live entries per worker slot.
+    passed: [usize; 2],
+    blocks: [Vec<u64>; 2],
+    /// Entries in `last`.
     entries: usize,
 }
 
-// === impl RecentRoutes ===
-
-impl RecentRoutes {
-    /// `window` zero: nothing is remembered. `capacity`: entries kept at
-    /// most, over all shards.
-    pub fn new(workers: usize, window: Duration, capacity: usize) -> Self {
-        let shards = (capacity / MIN_SHARD_ENTRIES).clamp(1, MAX_SHARDS);
-        // A power of two, so a key's shard is its hash's top bits.
-        let shards = if shards.is_power_of_two() {
-            shards
-        } else {
-            shards.next_power_of_two() / 2
-        };
-        Self {
-            window,
-            shard_capacity: capacity.div_ceil(shards),
-            shard_bits: shards.trailing_zeros(),
-            shards: (0..shards).map(|_| RwLock::new(Shard::default())).collect(),
-            blocks: (0..workers).map(|_| AtomicU64::new(0)).collect(),
-        }
-    }
-
-    /// Records that a prompt with these block keys was sent to `worker`.
-    pub fn record(&self, worker: usize, keys: &[BlockKey], now: Instant) {
-        if self.window.is_zero() || worker >= self.blocks.len() {
-            return;
-        }
-        let slot = worker as u32;
-        let grouped = self.by_shard(keys);
-        for (shard, keys) in grouped.groups() {
-            let mut guard = self.shards[shard].write();
-            let Shard {
-                last,
-                order,
-                entries,
-            } = &mut *guard;
-            let mut added = 0;
-            for &key in keys {
-                let routed = last.entry(key).or_default();
-                match routed.iter_mut().find(|(w, _)| *w == slot) {
-                    Some((_, at)) => *at = now,
-                    None => {
-                        routed.push((slot, now));
-                        added += 1;
-                    }
-                }
-                order.push_back((now, key, slot));
-            }
-            *entries += added;
-            self.blocks[worker].fetch_add(added as u64, Relaxed);
-            self.drop_front(&mut guard, None);
-        }
-    }
-
-    /// Per worker: how much of `keys`, and how much else, was routed there
-    /// within the window. Changes nothing.
-    pub fn lookup(&self, keys: &[BlockKey], now: Instant) -> Vec<Routed> {
-        let mut seen = vec![Routed::default(); self.blocks.len()];
-        if self.window.is_zero() {
-            return seen;
-        }
-        let cutoff = now.checked_sub(self.window);
-        let grouped = self.by_shard(keys);
-        for (shard, keys) in grouped.groups() {
-            let shard = self.shards[shard].read();
-            for key in keys {
-                let Some(routed) = shard.last.get(key) else {
-                    continue;
-                };
-                for &(w, at) in routed {
-                    if cutoff.is_some_and(|c| at < c) {
-                        continue;
-                    }
-                    if let Some(seen) = seen.get_mut(w as usize) {
-                        seen.prompt_blocks += 1;
-                    }
-                }
-            }
-        }
-        for (routed, blocks) in seen.iter_mut().zip(&self.blocks) {
-            routed.other_blocks = blocks
-                .load(Relaxed)
-                .saturating_sub(u64::from(routed.prompt_blocks));
-        }
-        seen
-    }
-
-    /// Drops the entries routed before the window at `now` (the
-    /// housekeeping tick).
-    pub fn expire(&self, now: Instant) {
-        let Some(cutoff) = now.checked_sub(self.window) else {
-            return;
-        };
-        for shard in self.shards.iter() {
-            let mut shard = shard.write();
-            self.drop_front(&mut shard, Some(cutoff));
-        }
-    }
-
-    /// Forgets everything routed to `worker` (its slot is being vacated).
-    pub fn forget(&self, worker: usize) {
-        let Some(count) = self.blocks.get(worker) else {
-            return;
-        };
-        let slot = worker as u32;
-        for shard in self.shards.iter() {
-            let mut shard = shard.write();
-            let mut removed = 0;
-            shard.last.retain(|_, routed| {
-                let before = routed.len();
-                routed.retain(|&(w, _)| w != slot);
-                removed += before - routed.len();
-                !routed.is_empty()
-            });
-            shard.entries -= removed;
-            count.fetch_sub(removed as u64, Relaxed);
-            // Its items in `order` no longer match an entry: skipped when
-            // they come out.
-        }
-    }
-
-    /// Live entries over all shards (for tests and gauges).
-    pub fn entries(&self) -> usize {
-        self.shards.iter().map(|s| s.read().entries).sum()
-    }
-
-    /// Drops items from the front of `shard`'s order: those routed before
-    /// `cutoff`, and the oldest while over the shard's capacity.
-    fn drop_front(&self, shard: &mut Shard, cutoff: Option<Instant>) {
-        let capacity = self.shard_capacity;
-        while let Some(&(at, key, slot)) = shard.order.front() {
-            let old = cutoff.is_some_and(|c| at < c);
-            if !old && shard.entries <= capacity && shard.order.len() <= 2 * capacity.max(1) {
-                break;
-            }
-            shard.order.pop_front();
-            let Some(routed) = shard.last.get_mut(&key) else {
-                continue;
-            };
-            let Some(i) = routed.iter().position(|&(w, t)| w == slot && t == at) else {
-                continue;
-            };
-            routed.swap_remove(i);
-            if routed.is_empty() {
-                shard.last.remove(&key);
-            }
-            shard.entries -= 1;
-            if let Some(count) = self.blocks.get(slot as usize) {
-                count.fetch_sub(1, Relaxed);
-            }
-        }
-    }
-
-    /// `keys` grouped by shard (a counting sort: one pass to count, one to
-    /// place), so a pick locks each shard it touches once.
-    fn by_shard<'k>(&self, keys: &'k [BlockKey]) -> ByShard<'k> {
-        let shards = 1usize << self.shard_bits;
-        let mut starts = [0usize; MAX_SHARDS + 1];
-        if shards == 1 {
-            starts[1] = keys.len();
-            return ByShard {
-                keys: Cow::Borrowed(keys),
-                starts,
-                shards,
-            };
-        }
-        let shard_of = |k: &BlockKey| {
-            (k.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - self.shard_bits)) as usize
-        };
-        for k in keys {
-            starts[shard_of(k) + 1] += 1;
-        }
-        for i in 1..starts.len() {
-            starts[i] += starts[i - 1];
-        }
-        let mut next = starts;
-        let mut sorted = vec![BlockKey(0); keys.len()];
-        for &k in keys {
-            let s = shard_of(&k);
-            sorted[next[s]] = k;
-            next[s] += 1;
-        }
-        ByShard {
-            keys: Cow::Owned(sorted),
-            starts,
-            shards,
-        }
-    }
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    slot: u32,
+    at: Instant,
+    /// Counted in each window (until its expiry passes `at`).
+    live: [bool; 2],
 }
 
-/// Keys grouped by shard: shard `s` has `keys[starts[s]..starts[s + 1]]`.
-struct ByShard<'k> {
-    keys: Cow<'k, [BlockKey]>,
-    starts: [usize; MAX_SHARDS + 1],
-    shards: usize,
-}
-
-impl ByShard<'_> {
-    /// `(shard, its keys)` for each shard with keys.
-    fn groups(&self) -> impl Iterator<Item = (usize, &[BlockKey])> {
-        (0..self.shards).filter_map(|s| {
-            let (a, b) = (self.starts[s], self.starts[s + 1]);
-            (a < b).then(|| (s, &self.keys[a..b]))
-        })
-    }
-}
-
-/// The picker's route memories: the working set of the last
-/// `route_window_s` (the eviction charge) and the placements of the last
-/// `placement_window_s` (what a prompt adds that is new, what each worker
-/// has taken on).
-pub struct RouteMemory {
-    recent: RecentRoutes,
-    placements: RecentRoutes,
-}
-
-/// Per worker, what each memory (and the ledger's queued prompts) says
+/// Per worker, what each window (and the ledger's queued prompts) says
 /// about one prompt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteView {
@@ -308,42 +92,246 @@ pub struct WorkerRoutes {
 // === impl RouteMemory ===
 
 impl RouteMemory {
-    /// Each memory keeps at most `capacity` (block, worker) entries.
+    /// The windows of `cfg`; at most `capacity` (block, worker) entries.
     pub fn new(workers: usize, cfg: &ScoringConfig, capacity: usize) -> Self {
-        let memory = |window_s| RecentRoutes::new(workers, Duration::from_secs(window_s), capacity);
+        Self::with_windows(
+            workers,
+            Duration::from_secs(cfg.route_window_s),
+            Duration::from_secs(cfg.placement_window_s),
+            capacity,
+        )
+    }
+
+    /// A memory over a route window and a placement window (zero: off).
+    pub fn with_windows(
+        workers: usize,
+        routed: Duration,
+        placed: Duration,
+        capacity: usize,
+    ) -> Self {
         Self {
-            recent: memory(cfg.route_window_s),
-            placements: memory(cfg.placement_window_s),
+            spans: [routed, placed],
+            capacity,
+            inner: RwLock::new(Inner {
+                last: HashMap::with_hasher(KeyHasher),
+                order: VecDeque::new(),
+                passed: [0; 2],
+                blocks: [vec![0; workers], vec![0; workers]],
+                entries: 0,
+            }),
         }
     }
 
-    /// What both memories say about `keys` at `now`, with `queued` (the
-    /// ledger's queued blocks per worker) alongside.
-    pub fn lookup(&self, keys: &[BlockKey], now: Instant, queued: Vec<u32>) -> RouteView {
-        RouteView {
-            routed: self.recent.lookup(keys, now),
-            placed: self.placements.lookup(keys, now),
-            queued,
-        }
+    fn enabled(&self) -> [bool; 2] {
+        self.spans.map(|s| !s.is_zero())
     }
 
     /// Records that a prompt with these block keys was sent to `worker`.
     pub fn record(&self, worker: usize, keys: &[BlockKey], now: Instant) {
-        self.recent.record(worker, keys, now);
-        self.placements.record(worker, keys, now);
+        let enabled = self.enabled();
+        if enabled == [false; 2] {
+            return;
+        }
+        let mut guard = self.inner.write();
+        let inner = &mut *guard;
+        if worker >= inner.blocks[ROUTED].len() {
+            return;
+        }
+        let slot = worker as u32;
+        for &key in keys {
+            let entries = inner.last.entry(key).or_default();
+            match entries.iter_mut().find(|e| e.slot == slot) {
+                Some(e) => {
+                    e.at = now;
+                    for w in [ROUTED, PLACED] {
+                        if enabled[w] && !e.live[w] {
+                            e.live[w] = true;
+                            inner.blocks[w][worker] += 1;
+                        }
+                    }
+                }
+                None => {
+                    entries.push(Entry {
+                        slot,
+                        at: now,
+                        live: enabled,
+                    });
+                    inner.entries += 1;
+                    for w in [ROUTED, PLACED] {
+                        if enabled[w] {
+                            inner.blocks[w][worker] += 1;
+                        }
+                    }
+                }
+            }
+            inner.order.push_back((now, key, slot));
+        }
+        inner.bound(self.capacity);
     }
 
-    /// Drops what both memories hold from before their windows (the
-    /// housekeeping tick).
+    /// What both windows say about `keys` at `now`, with `queued` (the
+    /// ledger's queued blocks per worker) alongside. Changes nothing.
+    pub fn lookup(&self, keys: &[BlockKey], now: Instant, queued: Vec<u32>) -> RouteView {
+        let inner = self.inner.read();
+        let workers = inner.blocks[ROUTED].len();
+        let mut seen = [
+            vec![Routed::default(); workers],
+            vec![Routed::default(); workers],
+        ];
+        let cutoffs = self
+            .spans
+            .map(|s| (!s.is_zero()).then(|| now.checked_sub(s)));
+        if cutoffs != [None, None] {
+            for key in keys {
+                let Some(entries) = inner.last.get(key) else {
+                    continue;
+                };
+                for e in entries {
+                    for w in [ROUTED, PLACED] {
+                        // `Some(None)`: a window longer than the clock's past.
+                        let within = cutoffs[w].is_some_and(|c| c.is_none_or(|c| e.at >= c));
+                        if within
+                            && e.live[w]
+                            && let Some(r) = seen[w].get_mut(e.slot as usize)
+                        {
+                            r.prompt_blocks += 1;
+                        }
+                    }
+                }
+            }
+        }
+        for w in [ROUTED, PLACED] {
+            for (r, &blocks) in seen[w].iter_mut().zip(&inner.blocks[w]) {
+                r.other_blocks = blocks.saturating_sub(u64::from(r.prompt_blocks));
+            }
+        }
+        let [routed, placed] = seen;
+        RouteView {
+            routed,
+            placed,
+            queued,
+        }
+    }
+
+    /// Passes each window's expiry over what was routed before it at `now`,
+    /// and drops the entries out of both (the housekeeping tick).
     pub fn expire(&self, now: Instant) {
-        self.recent.expire(now);
-        self.placements.expire(now);
+        let mut inner = self.inner.write();
+        for w in [ROUTED, PLACED] {
+            if let Some(cutoff) = now.checked_sub(self.spans[w]) {
+                inner.pass(w, cutoff);
+            }
+        }
+        inner.drop_passed();
+        inner.bound(self.capacity);
     }
 
-    /// Forgets `worker` in both memories (its slot is being vacated).
+    /// Forgets everything routed to `worker` (its slot is being vacated).
     pub fn forget(&self, worker: usize) {
-        self.recent.forget(worker);
-        self.placements.forget(worker);
+        let mut guard = self.inner.write();
+        let inner = &mut *guard;
+        if worker >= inner.blocks[ROUTED].len() {
+            return;
+        }
+        let slot = worker as u32;
+        let mut removed = 0;
+        inner.last.retain(|_, entries| {
+            let before = entries.len();
+            entries.retain(|e| e.slot != slot);
+            removed += before - entries.len();
+            !entries.is_empty()
+        });
+        inner.entries -= removed;
+        for w in [ROUTED, PLACED] {
+            inner.blocks[w][worker] = 0;
+        }
+        // Its items in `order` no longer match an entry: skipped.
+    }
+
+    /// Live (block, worker) entries.
+    pub fn entries(&self) -> usize {
+        self.inner.read().entries
+    }
+}
+
+// === impl Inner ===
+
+impl Inner {
+    /// Window `w`'s expiry passes the items routed before `cutoff` (in
+    /// routing order: it stops at the first one routed later).
+    fn pass(&mut self, w: usize, cutoff: Instant) {
+        while let Some(&(at, key, slot)) = self.order.get(self.passed[w]) {
+            if at >= cutoff {
+                break;
+            }
+            self.passed[w] += 1;
+            let Some(e) = self.entry_mut(key, slot, at) else {
+                continue;
+            };
+            if e.live[w] {
+                e.live[w] = false;
+                self.blocks[w][slot as usize] -= 1;
+            }
+        }
+    }
+
+    /// Drops the items both windows' expiries have passed, and their
+    /// entries when no window counts them any more.
+    fn drop_passed(&mut self) {
+        while self.passed[ROUTED].min(self.passed[PLACED]) > 0 {
+            self.pop_front(false);
+        }
+    }
+
+    /// Drops the oldest items while over `capacity` entries (or while the
+    /// order holds over twice that many items, stale ones included).
+    fn bound(&mut self, capacity: usize) {
+        while self.entries > capacity || self.order.len() > 2 * capacity.max(1) {
+            if !self.pop_front(true) {
+                break;
+            }
+        }
+    }
+
+    /// Pops the oldest item; its entry goes too when `force` or when no
+    /// window counts it. False when the order is empty.
+    fn pop_front(&mut self, force: bool) -> bool {
+        let Some((at, key, slot)) = self.order.pop_front() else {
+            return false;
+        };
+        for p in &mut self.passed {
+            *p = p.saturating_sub(1);
+        }
+        let Some(entries) = self.last.get_mut(&key) else {
+            return true;
+        };
+        let Some(i) = entries.iter().position(|e| e.slot == slot && e.at == at) else {
+            return true;
+        };
+        let e = entries[i];
+        if !force && e.live != [false; 2] {
+            return true;
+        }
+        entries.swap_remove(i);
+        if entries.is_empty() {
+            self.last.remove(&key);
+        }
+        self.entries -= 1;
+        for w in [ROUTED, PLACED] {
+            if e.live[w] {
+                self.blocks[w][slot as usize] -= 1;
+            }
+        }
+        true
+    }
+
+    /// The entry an order item stands for, unless it was routed again
+    /// since (or forgotten).
+    fn entry_mut(&mut self, key: BlockKey, slot: u32, at: Instant) -> Option<&mut Entry> {
+        self.last
+            .get_mut(&key)?
+            .iter_mut()
+            .find(|e| e.slot == slot && e.at == at)
     }
 }
 
@@ -379,104 +367,98 @@ mod tests {
         range.map(BlockKey).collect()
     }
 
+    /// A memory with only the route window (60 s).
+    fn routed_only(workers: usize, capacity: usize) -> RouteMemory {
+        RouteMemory::with_windows(workers, Duration::from_secs(60), Duration::ZERO, capacity)
+    }
+
+    fn routed(m: &RouteMemory, k: &[BlockKey], now: Instant) -> Vec<Routed> {
+        m.lookup(k, now, Vec::new()).routed
+    }
+
     #[test]
-    fn recent_routes_are_each_workers_working_set() {
-        let r = RecentRoutes::new(2, Duration::from_secs(60), 1_000);
+    fn routes_are_each_workers_working_set() {
+        let r = routed_only(2, 1_000);
         let t0 = Instant::now();
         r.record(0, &keys(0..10), t0);
         r.record(1, &keys(0..4), t0);
         // A longer prompt extending the first: 10 of its 12 blocks went to 0.
-        let seen = r.lookup(&keys(0..12), t0 + Duration::from_secs(1));
-        assert_eq!(
-            seen[0],
-            Routed {
-                prompt_blocks: 10,
-                other_blocks: 0
-            }
-        );
-        assert_eq!(
-            seen[1],
-            Routed {
-                prompt_blocks: 4,
-                other_blocks: 0
-            }
-        );
+        let seen = routed(&r, &keys(0..12), t0 + Duration::from_secs(1));
+        let blocks = |prompt_blocks, other_blocks| Routed {
+            prompt_blocks,
+            other_blocks,
+        };
+        assert_eq!(seen[0], blocks(10, 0));
+        assert_eq!(seen[1], blocks(4, 0));
         // Another prompt: everything there is someone else's.
-        let other = r.lookup(&keys(100..105), t0);
-        assert_eq!(
-            other[0],
-            Routed {
-                prompt_blocks: 0,
-                other_blocks: 10
-            }
-        );
+        assert_eq!(routed(&r, &keys(100..105), t0)[0], blocks(0, 10));
         // Routing again keeps blocks alive; the rest leave after the window.
         r.record(0, &keys(0..2), t0 + Duration::from_secs(50));
         // Before the tick, blocks past the window no longer count as the
         // prompt's, but still as the worker's.
-        let stale = r.lookup(&keys(0..10), t0 + Duration::from_secs(61));
-        assert_eq!(
-            stale[0],
-            Routed {
-                prompt_blocks: 2,
-                other_blocks: 8
-            }
-        );
+        let stale = routed(&r, &keys(0..10), t0 + Duration::from_secs(61));
+        assert_eq!(stale[0], blocks(2, 8));
         r.expire(t0 + Duration::from_secs(61));
-        let later = r.lookup(&keys(0..10), t0 + Duration::from_secs(61));
-        assert_eq!(
-            later[0],
-            Routed {
-                prompt_blocks: 2,
-                other_blocks: 0
-            }
-        );
+        let later = routed(&r, &keys(0..10), t0 + Duration::from_secs(61));
+        assert_eq!(later[0], blocks(2, 0));
         assert_eq!(later[1], Routed::default());
+        assert_eq!(r.entries(), 2);
         r.expire(t0 + Duration::from_secs(111));
         assert_eq!(r.entries(), 0);
-        let gone = r.lookup(&keys(0..10), t0 + Duration::from_secs(111));
+        let gone = routed(&r, &keys(0..10), t0 + Duration::from_secs(111));
         assert_eq!(gone, vec![Routed::default(); 2]);
     }
 
     #[test]
-    fn recent_routes_are_bounded_and_can_be_off() {
-        let r = RecentRoutes::new(1, Duration::from_secs(60), 8);
+    fn routes_are_bounded_and_can_be_off() {
+        let r = routed_only(1, 8);
         let t0 = Instant::now();
         r.record(0, &keys(0..20), t0);
-        let seen = r.lookup(&keys(0..20), t0)[0];
-        assert_eq!(seen.prompt_blocks, 8, "the newest 8 are kept");
-        assert_eq!(r.lookup(&keys(12..20), t0)[0].prompt_blocks, 8);
-        let off = RecentRoutes::new(1, Duration::ZERO, 8);
+        assert_eq!(
+            routed(&r, &keys(0..20), t0)[0].prompt_blocks,
+            8,
+            "the newest 8 are kept"
+        );
+        assert_eq!(routed(&r, &keys(12..20), t0)[0].prompt_blocks, 8);
+        assert_eq!(r.entries(), 8);
+        let off = RouteMemory::with_windows(1, Duration::ZERO, Duration::ZERO, 8);
         off.record(0, &keys(0..4), t0);
-        assert_eq!(off.lookup(&keys(0..4), t0), vec![Routed::default()]);
+        assert_eq!(off.entries(), 0);
+        let view = off.lookup(&keys(0..4), t0, vec![1]);
+        assert_eq!(view.worker(0).routed, Routed::default());
+        assert_eq!(view.worker(0).placed, Routed::default());
         // Out-of-range workers are ignored.
         r.record(5, &keys(0..4), t0);
+        r.forget(5);
+        assert_eq!(r.entries(), 8);
     }
 
     #[test]
     fn a_forgotten_worker_has_routed_nothing_and_its_old_items_expire_harmlessly() {
-        let r = RecentRoutes::new(3, Duration::from_secs(60), 1_000);
+        let r = routed_only(3, 1_000);
         let t0 = Instant::now();
         r.record(0, &keys(0..6), t0);
         r.record(1, &keys(0..4), t0);
         r.forget(1);
-        let seen = r.lookup(&keys(0..6), t0);
+        let seen = routed(&r, &keys(0..6), t0);
         assert_eq!(seen[1], Routed::default());
         assert_eq!(seen[0].prompt_blocks, 6);
         // The slot's next worker starts from nothing; the old items in the
         // expiry order do not take its entries away.
         r.record(1, &keys(10..12), t0 + Duration::from_secs(30));
         r.expire(t0 + Duration::from_secs(61));
-        let later = r.lookup(&keys(10..12), t0 + Duration::from_secs(61));
+        let later = routed(&r, &keys(10..12), t0 + Duration::from_secs(61));
         assert_eq!(later[1].prompt_blocks, 2);
         assert_eq!(later[0], Routed::default());
-        r.forget(9);
+        assert_eq!(r.entries(), 2);
     }
 
     #[test]
-    fn route_memory_records_both_windows() {
-        let m = RouteMemory::new(2, &ScoringConfig::default(), 100);
+    fn both_windows_from_one_record() {
+        let m =
+            RouteMemory::with_windows(2, Duration::from_secs(60), Duration::from_secs(600), 1_000);
         let t0 = Instant::now();
+        let at = |s| t0 + Duration::from_secs(s);
         m.record(1, &keys(0..5), t0);
         let view = m.lookup(&keys(0..5), t0, vec![0, 5]);
         assert_eq!(view.worker(1).routed.prompt_blocks, 5);
@@ -485,60 +467,56 @@ mod tests {
         assert_eq!(view.worker(0), WorkerRoutes::default());
         assert_eq!(view.worker(7), WorkerRoutes::default());
         assert_eq!(view.seen_tokens(16), 80);
+        // Past the route window: placed, no longer routed, and not the
+        // worker's working set once the tick has passed it.
+        m.expire(at(100));
+        let view = m.lookup(&keys(0..5), at(100), Vec::new());
+        assert_eq!(view.worker(1).routed, Routed::default());
+        assert_eq!(view.worker(1).placed.prompt_blocks, 5);
+        // Routed again: back in the working set.
+        m.record(1, &keys(0..2), at(200));
+        m.expire(at(200));
+        let view = m.lookup(&keys(0..5), at(200), Vec::new());
+        assert_eq!(
+            view.worker(1).routed,
+            Routed {
+                prompt_blocks: 2,
+                other_blocks: 0
+            }
+        );
+        assert_eq!(view.worker(1).placed.prompt_blocks, 5);
+        // Past the placement window: gone.
+        m.expire(at(700));
+        assert_eq!(m.entries(), 2);
+        assert_eq!(
+            m.lookup(&keys(0..5), at(700), Vec::new())
+                .worker(1)
+                .placed
+                .prompt_blocks,
+            2
+        );
+        m.expire(at(801));
+        assert_eq!(m.entries(), 0);
+        assert_eq!(
+            m.lookup(&keys(0..5), at(801), Vec::new()).worker(1),
+            WorkerRoutes::default()
+        );
     }
 
     #[test]
-    fn a_sharded_memory_answers_like_one_shard() {
-        // 16 shards: the keys of one prompt spread over all of them.
-        let big = RecentRoutes::new(3, Duration::from_secs(60), 1 << 18);
-        let small = RecentRoutes::new(3, Duration::from_secs(60), 1 << 18 >> 4);
-        assert_eq!(big.shards.len(), 16);
-        assert_eq!(small.shards.len(), 4);
-        let one = RecentRoutes::new(3, Duration::from_secs(60), 1_000);
-        assert_eq!(one.shards.len(), 1);
-        let t0 = Instant::now();
-        let key = |i: u64| BlockKey(i.wrapping_mul(0x2545_f491_4f6c_dd1d));
-        let prompt = |r: std::ops::Range<u64>| r.map(key).collect::<Vec<_>>();
-        for m in [&big, &small, &one] {
-            m.record(0, &prompt(0..100), t0);
-            m.record(1, &prompt(0..40), t0 + Duration::from_secs(10));
-            m.record(2, &prompt(500..520), t0 + Duration::from_secs(20));
-            m.record(0, &prompt(0..30), t0 + Duration::from_secs(40));
-        }
-        let at = |s| t0 + Duration::from_secs(s);
-        for (when, probe) in [
-            (30, prompt(0..120)),
-            (65, prompt(0..120)),
-            (75, prompt(495..520)),
-        ] {
-            let want = one.lookup(&probe, at(when));
-            assert_eq!(big.lookup(&probe, at(when)), want, "at {when}s");
-            assert_eq!(small.lookup(&probe, at(when)), want, "at {when}s");
-        }
-        let want = one.lookup(&prompt(0..120), at(30));
-        assert_eq!(want[0].prompt_blocks, 100);
-        assert_eq!(want[1].prompt_blocks, 40);
-        assert_eq!(want[2].other_blocks, 20);
-        for m in [&big, &small, &one] {
-            m.expire(at(65));
-            // Of 0's blocks, the 30 routed again at 40 s are left; 1's (10 s)
-            // and 2's (20 s) are all left.
-            assert_eq!(m.entries(), 30 + 40 + 20);
-            m.forget(2);
-            assert_eq!(m.entries(), 30 + 40);
-            assert_eq!(m.lookup(&prompt(0..120), at(65))[0].prompt_blocks, 30);
-            m.expire(at(101));
-            assert_eq!(m.entries(), 0);
-            assert_eq!(
-                m.lookup(&prompt(0..120), at(101)),
-                vec![Routed::default(); 3]
-            );
-        }
+    fn the_default_windows_are_the_scoring_configs() {
+        let m = RouteMemory::new(2, &ScoringConfig::default(), 100);
+        assert_eq!(m.spans, [Duration::from_secs(60), Duration::from_secs(600)]);
     }
 
     #[test]
     fn concurrent_records_keep_each_workers_count_exact() {
-        let m = std::sync::Arc::new(RecentRoutes::new(4, Duration::from_secs(600), 1 << 18));
+        let m = RouteMemory::with_windows(
+            4,
+            Duration::from_secs(600),
+            Duration::from_secs(600),
+            1 << 18,
+        );
         let t0 = Instant::now();
         std::thread::scope(|s| {
             for w in 0..4u64 {
@@ -546,22 +524,18 @@ mod tests {
                 s.spawn(move || {
                     for i in 0..200u64 {
                         let keys: Vec<_> = (0..16)
-                            .map(|b| {
-                                BlockKey(
-                                    (w * 1_000_000 + i * 16 + b)
-                                        .wrapping_mul(0x9e37_79b9_7f4a_7c15),
-                                )
-                            })
+                            .map(|b| BlockKey(w * 1_000_000 + i * 16 + b))
                             .collect();
                         m.record(w as usize, &keys, t0);
-                        m.lookup(&keys, t0);
+                        m.lookup(&keys, t0, Vec::new());
                     }
                 });
             }
         });
-        let none: Vec<BlockKey> = Vec::new();
-        for routed in m.lookup(&none, t0) {
-            assert_eq!(routed.other_blocks, 200 * 16);
+        let view = m.lookup(&[], t0, Vec::new());
+        for w in 0..4 {
+            assert_eq!(view.worker(w).routed.other_blocks, 200 * 16);
+            assert_eq!(view.worker(w).placed.other_blocks, 200 * 16);
         }
         assert_eq!(m.entries(), 4 * 200 * 16);
     }

@@ -6,7 +6,6 @@ use super::{ConfigError, invalid, positive, unit};
 use serde::{Deserialize, Serialize};
 
 pub const DEFAULT_PREFILL_RATE_PRIOR: f64 = 8_000.0;
-pub const DEFAULT_GPU_HIT_WEIGHT: f64 = 1.0;
 pub const DEFAULT_CPU_HIT_WEIGHT: f64 = 0.8;
 pub const DEFAULT_DECODE_MS_PER_RUNNING: f64 = 0.5;
 pub const DEFAULT_WAITING_REQUEST_TOKENS: u32 = 1_024;
@@ -22,7 +21,6 @@ pub const DEFAULT_KV_FULL_THRESHOLD: f64 = 0.95;
 pub const DEFAULT_TIE_RATIO: f64 = 0.05;
 pub const DEFAULT_CONGESTION_WEIGHT: f64 = 2.0;
 pub const DEFAULT_ROUTE_WINDOW_S: u64 = 60;
-pub const DEFAULT_ROUTE_FILL: f64 = 1.0;
 pub const DEFAULT_PLACEMENT_WINDOW_S: u64 = 600;
 pub const DEFAULT_NOVEL_SPREAD: f64 = 1.0;
 
@@ -43,8 +41,6 @@ pub struct ScoringConfig {
     pub policy: Policy,
     /// Prefill throughput assumed for a worker before calibration (tokens/s).
     pub prefill_rate_prior: f64,
-    /// Share of a block's prefill saved by a GPU-tier hit (0..=1).
-    pub gpu_hit_weight: f64,
     /// Share of a block's prefill saved by a CPU-tier hit (0..=1).
     pub cpu_hit_weight: f64,
     /// Delay added to a prefill per running sequence (ms).
@@ -79,10 +75,6 @@ pub struct ScoringConfig {
     /// set: a placement that pushes them out of its KV cache is charged
     /// their prefill. 0: no route memory.
     pub route_window_s: u64,
-    /// Share of a worker's KV cache (0..=1) the recently routed working set
-    /// may fill before a placement there is charged the prefill it evicts;
-    /// the rest is headroom for the running requests' growth.
-    pub route_fill: f64,
     /// Prompts routed to a worker within this many seconds are the
     /// conversations and documents it has taken on (their follow-ups come
     /// back there); a prompt's prefix routed anywhere within it is known,
@@ -104,7 +96,6 @@ impl Default for ScoringConfig {
         Self {
             policy: Policy::default(),
             prefill_rate_prior: DEFAULT_PREFILL_RATE_PRIOR,
-            gpu_hit_weight: DEFAULT_GPU_HIT_WEIGHT,
             cpu_hit_weight: DEFAULT_CPU_HIT_WEIGHT,
             decode_ms_per_running: DEFAULT_DECODE_MS_PER_RUNNING,
             waiting_request_tokens: DEFAULT_WAITING_REQUEST_TOKENS,
@@ -119,7 +110,6 @@ impl Default for ScoringConfig {
             tie_ratio: DEFAULT_TIE_RATIO,
             congestion_weight: DEFAULT_CONGESTION_WEIGHT,
             route_window_s: DEFAULT_ROUTE_WINDOW_S,
-            route_fill: DEFAULT_ROUTE_FILL,
             placement_window_s: DEFAULT_PLACEMENT_WINDOW_S,
             novel_spread: DEFAULT_NOVEL_SPREAD,
         }
@@ -146,7 +136,6 @@ impl ScoringConfig {
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         positive("scoring.prefill_rate_prior", self.prefill_rate_prior)?;
-        unit("scoring.gpu_hit_weight", self.gpu_hit_weight)?;
         unit("scoring.cpu_hit_weight", self.cpu_hit_weight)?;
         if !(self.decode_ms_per_running.is_finite() && self.decode_ms_per_running >= 0.0) {
             return Err(invalid("scoring.decode_ms_per_running", "must be >= 0"));
@@ -171,7 +160,6 @@ impl ScoringConfig {
         }
         unit("scoring.kv_full_threshold", self.kv_full_threshold)?;
         unit("scoring.tie_ratio", self.tie_ratio)?;
-        unit("scoring.route_fill", self.route_fill)?;
         if !(self.novel_spread.is_finite() && self.novel_spread >= 0.0) {
             return Err(invalid("scoring.novel_spread", "must be >= 0"));
         }

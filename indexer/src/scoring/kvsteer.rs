@@ -4,7 +4,7 @@
 //! ```text
 //! queued   = max(unprefilled tokens we sent, scraped waiting × waiting_request_tokens)
 //! gpu_hits = max(GPU-cached prefix, prefix of a request queued there)
-//! uncached = max(prompt − gpu_hits × gpu_hit_weight − cpu_hits × cpu_hit_weight, 1)
+//! uncached = max(prompt − gpu_hits − cpu_hits × cpu_hit_weight, 1)
 //! slots    = (waiting + 1) × slot_time / running   (when waiting > 0 and running ≥ max_num_seqs,
 //!                                                  or kv_usage ≥ kv_full_threshold and the
 //!                                                  cache size is unknown)
@@ -12,7 +12,7 @@
 //! ttft_ms  = max(1000 × queued / rate, 1000 × slots, 1000 × blocks)   (wait for the work ahead)
 //!          + running × decode_ms_per_running (decode steps sharing the batches)
 //!          + 1000 × uncached / rate          (this request's own prefill)
-//! evicted  = clamp(routed_other + prompt − route_fill × KV tokens, 0, prompt − routed_prompt)
+//! evicted  = clamp(routed_other + prompt − KV tokens, 0, prompt − routed_prompt)
 //! cost_ms  = ttft_ms + 1000 × uncached / rate × congestion_weight × mean backlog
 //!          + 1000 × evicted / rate                                          (rank)
 //! ```
@@ -54,7 +54,7 @@
 //! conversations onto the workers that already hold others. The picker
 //! remembers the prompt blocks it routed to each worker recently
 //! (`routes::RecentRoutes`): `routed_other` is that working set minus this
-//! prompt's part, `routed_prompt`. Beyond the cache (× `route_fill`), LRU
+//! prompt's part, `routed_prompt`. Beyond the cache, LRU
 //! evicts the excess, at most what this placement adds to the set, and the
 //! owners prefill it again at this worker's rate. A conversation returning to
 //! the worker it used adds little there; a new one is charged where the
@@ -122,17 +122,16 @@ pub fn predict(cfg: &ScoringConfig, prompt_tokens: u32, w: &WorkerView) -> Predi
     let gpu = f64::from(w.gpu_hit_tokens.max(w.queued_hit_tokens).min(prompt_tokens));
     let cpu = (cached_anywhere - gpu).clamp(0.0, prompt - gpu);
     // vLLM always computes at least the last prompt token.
-    let uncached_tokens =
-        (prompt - gpu * cfg.gpu_hit_weight - cpu * cfg.cpu_hit_weight).max(prompt.min(1.0));
+    let uncached_tokens = (prompt - gpu - cpu * cfg.cpu_hit_weight).max(prompt.min(1.0));
     let wait_ms = w.scraped.map_or(0.0, |s| {
         slot_wait_ms(cfg, &s).max(kv_wait_ms(&s, queued_tokens + uncached_tokens))
     });
     let queue_ms = (1000.0 * queued_tokens / rate).max(wait_ms);
     let decode_ms = running * cfg.decode_ms_per_running;
     let prefill_ms = 1000.0 * uncached_tokens / rate;
-    let evicted_tokens = w.scraped.map_or(0.0, |s| {
-        evicted_tokens(s.kv_capacity_tokens * cfg.route_fill, prompt, w)
-    });
+    let evicted_tokens = w
+        .scraped
+        .map_or(0.0, |s| evicted_tokens(s.kv_capacity_tokens, prompt, w));
     Prediction {
         queued_tokens,
         uncached_tokens,
@@ -622,18 +621,10 @@ mod tests {
         let mut empty = cold();
         empty.scraped = Some(scraped);
         assert_eq!(choice(&[full, home, empty]), 2);
-        // Cache size unknown, or the working set allowed to fill less of it.
+        // Cache size unknown.
         let mut unknown = full;
         unknown.scraped = Some(ScrapedLoad::default());
         assert_eq!(predict(&cfg(), PROMPT, &unknown).evicted_tokens, 0.0);
-        let half = ScoringConfig {
-            route_fill: 0.5,
-            ..cfg()
-        };
-        assert_eq!(
-            predict(&half, PROMPT, &roomy).evicted_tokens,
-            10_000.0 + f64::from(PROMPT) - 10_000.0
-        );
     }
 
     #[test]
