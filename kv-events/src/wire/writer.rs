@@ -36,10 +36,6 @@ impl Writer {
         written(encode::write_nil(&mut self.buf));
     }
 
-    pub(crate) fn bool(&mut self, v: bool) {
-        written(encode::write_bool(&mut self.buf, v));
-    }
-
     pub(crate) fn uint(&mut self, v: u64) {
         written(encode::write_uint(&mut self.buf, v));
     }
