@@ -13,27 +13,20 @@
 use kvsteer_indexer::config::TenantsConfig;
 use kvsteer_indexer::index::redis::testing::RedisServer;
 use kvsteer_indexer::tenancy::{Ending, Tenancy, TenancyMetrics};
-use kvsteer_indexer::{app::build_picker, picker::Mode, picker::report::Report};
+use kvsteer_indexer::{picker::Mode, picker::report::Report};
 use kvsteer_tokenize::{ChatRequest, PromptTokenizer};
 use prometheus_client::registry::Registry;
 use rand::{SeedableRng, rngs::SmallRng};
 use std::{
-    collections::HashMap,
     sync::Arc,
     time::{Duration, Instant},
 };
 
 mod common;
-use common::{MODEL, chat_input, config, conversation, next_turn, percentiles, shared, stored};
+use common::{MODEL, chat_input, conversation, next_turn, percentiles, stored, tokenizing_picker};
 
 fn main() {
-    let dir = shared().join("tokenizers/qwen3");
-    let cfg = config(8, "");
-    let tok = Arc::new(PromptTokenizer::from_dir(&dir).unwrap());
-    let mut tokenizers = HashMap::new();
-    tokenizers.insert(MODEL.to_owned(), tok.clone());
-    let picker = build_picker(&cfg, tokenizers, &mut Registry::default());
-    let index = picker.index().clone();
+    let (picker, tok, index) = tokenizing_picker();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();

@@ -20,23 +20,18 @@
 //!
 //! `cargo bench -p kvsteer-indexer --bench pick_concurrent`
 
+use kvsteer_indexer::picker::{Mode, PickInput, Picker, report::Report};
 use kvsteer_indexer::prompt::Prompt;
-use kvsteer_indexer::{
-    app::build_picker,
-    picker::{Mode, PickInput, Picker, report::Report},
-};
-use kvsteer_tokenize::{ChatRequest, CompletionPrompt, PromptTokenizer};
+use kvsteer_tokenize::{ChatRequest, CompletionPrompt};
 use parking_lot::Mutex;
-use prometheus_client::registry::Registry;
 use rand::{SeedableRng, rngs::SmallRng};
 use std::{
-    collections::HashMap,
-    sync::{Arc, Barrier},
+    sync::Barrier,
     time::{Duration, Instant},
 };
 
 mod common;
-use common::{MODEL, config, conversation, next_turn, percentiles, shared, stored};
+use common::{MODEL, conversation, next_turn, percentiles, stored, tokenizing_picker};
 
 /// Picks per concurrency level (split over its threads).
 const PICKS: usize = 6_000;
@@ -46,13 +41,7 @@ const ROUNDS: usize = 3;
 
 fn main() {
     let label = std::env::var("KVSTEER_BENCH_LABEL").unwrap_or_else(|_| "this build".into());
-    let dir = shared().join("tokenizers/qwen3");
-    let cfg = config(8, "");
-    let tok = Arc::new(PromptTokenizer::from_dir(&dir).expect("tokenizer"));
-    let mut tokenizers = HashMap::new();
-    tokenizers.insert(MODEL.to_owned(), tok.clone());
-    let picker = build_picker(&cfg, tokenizers, &mut Registry::default());
-    let index = picker.index().clone();
+    let (picker, tok, index) = tokenizing_picker();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");

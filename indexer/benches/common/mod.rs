@@ -3,10 +3,18 @@
 
 #![allow(dead_code)] // each benchmark uses a subset
 
-use kvsteer_indexer::{config::Config, picker::PickInput, prompt::Prompt};
+use kvsteer_indexer::{
+    app::build_picker,
+    config::Config,
+    index::Index,
+    picker::{PickInput, Picker},
+    prompt::Prompt,
+};
 use kvsteer_kv_events::{BlockHash, BlockStored, EventBatch, KvEvent};
 use kvsteer_tokenize::{ChatMessage, ChatRequest, Content, PromptTokenizer};
+use prometheus_client::registry::Registry;
 use rand::{Rng, rngs::SmallRng};
+use std::{collections::HashMap, sync::Arc};
 use std::{path::PathBuf, time::Duration};
 
 pub const MODEL: &str = "Qwen/Qwen3-8B";
@@ -114,4 +122,15 @@ pub fn chat_input(request_id: String, req: ChatRequest) -> PickInput {
         prompt: Ok(Prompt::Chat(req)),
         cache_salt: None,
     }
+}
+
+/// The Qwen3 tokenizer and a picker over 8 workers that uses it, with its
+/// index.
+pub fn tokenizing_picker() -> (Arc<Picker>, Arc<PromptTokenizer>, Index) {
+    let tok =
+        Arc::new(PromptTokenizer::from_dir(&shared().join("tokenizers/qwen3")).expect("tokenizer"));
+    let tokenizers = HashMap::from([(MODEL.to_owned(), tok.clone())]);
+    let picker = build_picker(&config(8, ""), tokenizers, &mut Registry::default());
+    let index = picker.index().clone();
+    (picker, tok, index)
 }
