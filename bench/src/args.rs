@@ -10,7 +10,7 @@ use kvsteer_indexer::config::ScoringConfig;
 use super::driver::RunConfig;
 use super::policy::{ALL_POLICIES, BenchPolicy};
 use super::trace::{self, TraceRequest};
-use super::workload::{Sizes, WorkloadKind};
+use super::workload::{Plan, Sizes, WorkloadKind};
 use kvsteer_sim::engine::EngineConfig;
 use kvsteer_sim::profile::TimingProfile;
 
@@ -237,6 +237,17 @@ impl BenchArgs {
 // === impl Resolved ===
 
 impl Resolved {
+    /// The arrivals of `kind` at `rate` requests/min: the trace's, or a
+    /// synthetic workload's with the flags' sizes.
+    pub fn plan(&self, kind: WorkloadKind, rate: f64) -> Plan {
+        match (kind, &self.trace) {
+            (WorkloadKind::Trace, Some(trace)) => {
+                Plan::from_trace(trace, rate, self.duration_s, self.seed)
+            }
+            _ => Plan::synthetic(kind, &self.sizes(kind), rate, self.duration_s, self.seed),
+        }
+    }
+
     /// The flags' sizes over the workload's defaults.
     pub fn sizes(&self, kind: WorkloadKind) -> Sizes {
         let d = default_sizes(kind);

@@ -96,12 +96,7 @@ pub fn run_virtual(args: &args::Resolved, progress: bool) -> Vec<RunSummary> {
     let mut plans = Vec::new();
     for &kind in &args.workloads {
         for &rate in &args.rates {
-            let plan = match (kind, &args.trace) {
-                (WorkloadKind::Trace, Some(trace)) => {
-                    Plan::from_trace(trace, rate, args.duration_s, args.seed)
-                }
-                _ => Plan::synthetic(kind, &args.sizes(kind), rate, args.duration_s, args.seed),
-            };
+            let plan = args.plan(kind, rate);
             plans.push((args::workload_name(kind), rate, plan));
         }
     }

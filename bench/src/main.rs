@@ -31,12 +31,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    kvsteer_sim::init_tracing();
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Overhead(args)) => overhead::run(&args).await,

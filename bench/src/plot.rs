@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::summary::RunSummary;
@@ -71,7 +72,7 @@ fn draw(path: &Path, workload: &str, metric: Metric, runs: &[&RunSummary]) -> Re
     let y_max = runs.iter().map(|r| value(r, metric)).fold(1e-3, f64::max);
     let root = BitMapBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let series = |r: &&RunSummary| (r.rate_per_min, value(r, metric));
+    let series = |r: &RunSummary| (r.rate_per_min, value(r, metric));
     match metric {
         Metric::TtftP50 => {
             let y_min = runs
@@ -95,28 +96,7 @@ fn draw(path: &Path, workload: &str, metric: Metric, runs: &[&RunSummary]) -> Re
                 .y_desc("TTFT p50 (s)")
                 .draw()
                 .map_err(|e| e.to_string())?;
-            for (i, p) in policies.iter().enumerate() {
-                let c = COLORS[i % COLORS.len()];
-                let pts: Vec<(f64, f64)> =
-                    runs.iter().filter(|r| r.policy == *p).map(series).collect();
-                chart
-                    .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
-                    .map_err(|e| e.to_string())?
-                    .label(*p)
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
-                    });
-                chart
-                    .draw_series(pts.into_iter().map(|pt| Circle::new(pt, 3, c.filled())))
-                    .map_err(|e| e.to_string())?;
-            }
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperLeft)
-                .draw()
-                .map_err(|e| e.to_string())?;
+            policy_lines(&mut chart, &policies, runs, series)?;
         }
         Metric::Goodput => {
             let mut chart = ChartBuilder::on(&root)
@@ -135,29 +115,40 @@ fn draw(path: &Path, workload: &str, metric: Metric, runs: &[&RunSummary]) -> Re
                 .y_desc("goodput (req/min)")
                 .draw()
                 .map_err(|e| e.to_string())?;
-            for (i, p) in policies.iter().enumerate() {
-                let c = COLORS[i % COLORS.len()];
-                let pts: Vec<(f64, f64)> =
-                    runs.iter().filter(|r| r.policy == *p).map(series).collect();
-                chart
-                    .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
-                    .map_err(|e| e.to_string())?
-                    .label(*p)
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
-                    });
-                chart
-                    .draw_series(pts.into_iter().map(|pt| Circle::new(pt, 3, c.filled())))
-                    .map_err(|e| e.to_string())?;
-            }
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperLeft)
-                .draw()
-                .map_err(|e| e.to_string())?;
+            policy_lines(&mut chart, &policies, runs, series)?;
         }
     }
     root.present().map_err(|e| e.to_string())
+}
+
+/// One line (with its points and legend entry) per policy, on any y axis.
+fn policy_lines<'a, DB: DrawingBackend + 'a, Y: Ranged<ValueType = f64>>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, Y>>,
+    policies: &[&str],
+    runs: &[&RunSummary],
+    series: impl Fn(&RunSummary) -> (f64, f64),
+) -> Result<(), String> {
+    for (i, p) in policies.iter().enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        let pts: Vec<(f64, f64)> = runs
+            .iter()
+            .filter(|r| r.policy == *p)
+            .map(|r| series(r))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(*p)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+        chart
+            .draw_series(pts.into_iter().map(|pt| Circle::new(pt, 3, c.filled())))
+            .map_err(|e| e.to_string())?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| e.to_string())
 }

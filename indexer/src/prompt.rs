@@ -20,22 +20,6 @@ pub enum Prompt {
 // === impl Prompt ===
 
 impl Prompt {
-    /// The prompt's token ids when the request gives ids (the first of a
-    /// batch): they need no tokenizer.
-    pub fn token_ids(&self) -> Option<&[u32]> {
-        match self {
-            Prompt::Completion {
-                prompt: CompletionPrompt::Ids(ids),
-                ..
-            } => Some(ids),
-            Prompt::Completion {
-                prompt: CompletionPrompt::IdBatch(batch),
-                ..
-            } => batch.first().map(Vec::as_slice),
-            Prompt::Chat(_) | Prompt::Completion { .. } => None,
-        }
-    }
-
     /// Bytes of text the tokenizer would encode for the pick (every text
     /// field the chat template can render; the first prompt of a
     /// completions batch, the only one routed on; 0 for token ids). The

@@ -179,18 +179,17 @@ impl RouteMemory {
             vec![Routed::default(); workers],
             vec![Routed::default(); workers],
         ];
-        let cutoffs = self
-            .spans
-            .map(|s| (!s.is_zero()).then(|| now.checked_sub(s)));
-        if cutoffs != [None, None] {
+        let enabled = self.enabled();
+        // `None`: a window reaching back past the clock's start.
+        let cutoffs = self.spans.map(|s| now.checked_sub(s));
+        if enabled != [false; 2] {
             for key in keys {
                 let Some(entries) = inner.last.get(key) else {
                     continue;
                 };
                 for e in entries {
                     for w in [ROUTED, PLACED] {
-                        // `Some(None)`: a window longer than the clock's past.
-                        let within = cutoffs[w].is_some_and(|c| c.is_none_or(|c| e.at >= c));
+                        let within = enabled[w] && cutoffs[w].is_none_or(|c| e.at >= c);
                         if within
                             && e.live[w]
                             && let Some(r) = seen[w].get_mut(e.slot as usize)
@@ -277,10 +276,10 @@ impl Inner {
     }
 
     /// Drops the items both windows' expiries have passed, and their
-    /// entries when no window counts them any more.
+    /// entries (which neither window counts any more).
     fn drop_passed(&mut self) {
         while self.passed[ROUTED].min(self.passed[PLACED]) > 0 {
-            self.pop_front(false);
+            self.pop_front();
         }
     }
 
@@ -288,15 +287,15 @@ impl Inner {
     /// order holds over twice that many items, stale ones included).
     fn bound(&mut self, capacity: usize) {
         while self.entries > capacity || self.order.len() > 2 * capacity.max(1) {
-            if !self.pop_front(true) {
+            if !self.pop_front() {
                 break;
             }
         }
     }
 
-    /// Pops the oldest item; its entry goes too when `force` or when no
-    /// window counts it. False when the order is empty.
-    fn pop_front(&mut self, force: bool) -> bool {
+    /// Pops the oldest item and the entry it stands for (uncounted from
+    /// the windows that still count it). False when the order is empty.
+    fn pop_front(&mut self) -> bool {
         let Some((at, key, slot)) = self.order.pop_front() else {
             return false;
         };
@@ -309,11 +308,7 @@ impl Inner {
         let Some(i) = entries.iter().position(|e| e.slot == slot && e.at == at) else {
             return true;
         };
-        let e = entries[i];
-        if !force && e.live != [false; 2] {
-            return true;
-        }
-        entries.swap_remove(i);
+        let e = entries.swap_remove(i);
         if entries.is_empty() {
             self.last.remove(&key);
         }

@@ -119,9 +119,18 @@ impl Encoder {
         limits: Limits,
         prompt: Prompt,
     ) -> Result<Vec<u32>, Unread> {
-        if let Some(ids) = prompt.token_ids() {
-            return within_model_len(ids.to_vec(), limits);
-        }
+        // Token ids are the prompt: no tokenizer, no copy.
+        let prompt = match prompt {
+            Prompt::Completion {
+                prompt: CompletionPrompt::Ids(ids),
+                ..
+            } => return within_model_len(ids, limits),
+            Prompt::Completion {
+                prompt: CompletionPrompt::IdBatch(mut batch),
+                ..
+            } if !batch.is_empty() => return within_model_len(batch.swap_remove(0), limits),
+            other => other,
+        };
         let tok = tok.ok_or_else(|| Unread::Failed("no tokenizer loaded".into()))?;
         let bytes = prompt.text_bytes() as u64;
         if bytes > limits.max_bytes {

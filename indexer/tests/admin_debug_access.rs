@@ -6,14 +6,12 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use kvsteer_indexer::{app, config::Config};
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(20);
 const SCORE_BODY: &str = r#"{"model": "m", "prompt": "hello there"}"#;
 
-fn shared() -> PathBuf {
-    kvsteer_e2e::shared_dir()
-}
+use kvsteer_e2e::shared_dir as shared;
 
 fn config(admin: &str) -> Config {
     Config::from_yaml(&format!(

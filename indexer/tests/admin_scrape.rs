@@ -7,7 +7,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use kvsteer_indexer::{app, config::Config};
 use serde_json::{Value, json};
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(20);
 const PAGE: &str = "# TYPE vllm:num_requests_waiting gauge
@@ -16,9 +16,7 @@ vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0
 vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.5
 ";
 
-fn shared() -> PathBuf {
-    kvsteer_e2e::shared_dir()
-}
+use kvsteer_e2e::shared_dir as shared;
 
 async fn call(base: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     let client = Client::builder(TokioExecutor::new()).build_http();

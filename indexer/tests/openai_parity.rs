@@ -6,8 +6,6 @@
 //! into the tokenizer, as `/debug/score`, the `tokenize` CLI and the
 //! simulator do. Both must give the oracle's ids, from equal requests.
 
-use std::path::PathBuf;
-
 use kvsteer_filter::{admission::Api, openai::parse_pick_request};
 use kvsteer_indexer::prompt::{Prompt, from_proto};
 use kvsteer_proto::v1::PickRequest;
@@ -15,9 +13,7 @@ use kvsteer_tokenize::{ChatRequest, CompletionPrompt, PromptTokenizer};
 use prost::Message;
 use serde_json::{Value, json};
 
-fn shared() -> PathBuf {
-    kvsteer_e2e::shared_dir()
-}
+use kvsteer_e2e::shared_dir as shared;
 
 fn qwen3() -> PromptTokenizer {
     PromptTokenizer::from_dir(&shared().join("tokenizers/qwen3")).expect("qwen3 tokenizer")

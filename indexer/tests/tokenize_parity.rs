@@ -3,9 +3,7 @@
 use serde_json::Value;
 use std::{path::PathBuf, process::Command};
 
-fn shared() -> PathBuf {
-    kvsteer_e2e::shared_dir()
-}
+use kvsteer_e2e::shared_dir as shared;
 
 /// What `kvsteer-indexer tokenize --endpoint ENDPOINT` prints for `request`.
 fn tokenize(endpoint: &str, request: &std::path::Path) -> Value {

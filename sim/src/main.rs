@@ -33,12 +33,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    kvsteer_sim::init_tracing();
     match Cli::parse().command {
         Command::Engine(args) => run_engine(*args).await,
         Command::Converse(args) => converse::run(&args).await.map(|_| ()),

@@ -3,7 +3,6 @@
 //! meaning that vLLM's own encoder gives the same content in
 //! `shared/vllm-events/*.json`: map form as vLLM 0.33, array form as 0.23.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use kvsteer_kv_events::Encoding;
@@ -17,9 +16,7 @@ use tokio::time::timeout;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-fn shared() -> PathBuf {
-    kvsteer_e2e::shared_dir()
-}
+use kvsteer_e2e::shared_dir as shared;
 
 fn golden(name: &str) -> Value {
     let path = shared().join("vllm-events").join(format!("{name}.json"));

@@ -1,15 +1,11 @@
 //! The simulator's events, encoded by kvsteer-kv-events, are byte-identical
 //! to what vLLM 0.33 sends for the same blocks (golden vectors).
 
-use std::path::PathBuf;
-
 use kvsteer_kv_events::{Encoding, encode_batch};
 use kvsteer_sim::engine::{CacheEvent, to_event_batch};
 use serde_json::Value;
 
-fn shared() -> PathBuf {
-    kvsteer_e2e::shared_dir()
-}
+use kvsteer_e2e::shared_dir as shared;
 
 fn golden(name: &str) -> (Value, Vec<u8>) {
     let dir = shared().join("vllm-events");

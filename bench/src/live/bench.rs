@@ -29,7 +29,7 @@ use super::words::Words;
 use crate::args::{Resolved, workload_name};
 use crate::driver::{RequestRecord, RunOutput};
 use crate::summary::summarize;
-use crate::workload::{Plan, Tenant, What, WorkloadKind};
+use crate::workload::{Plan, Tenant, What};
 use crate::{cli::config_json, report};
 use kvsteer_sim::live::client::{ClientError, Observed, stream_request};
 
@@ -72,12 +72,7 @@ pub async fn run(args: &Resolved) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     for &kind in &args.workloads {
         for &rate in &args.rates {
-            let plan = match (kind, &args.trace) {
-                (WorkloadKind::Trace, Some(trace)) => {
-                    Plan::from_trace(trace, rate, args.duration_s, args.seed)
-                }
-                _ => Plan::synthetic(kind, &args.sizes(kind), rate, args.duration_s, args.seed),
-            };
+            let plan = args.plan(kind, rate);
             for (name, url) in &targets {
                 reset(&client, &args.args().reset_worker).await?;
                 let sessions = plan
@@ -348,6 +343,29 @@ impl SessionRun<'_> {
         true
     }
 
+    /// Sends one turn and records it in `out`; the response when it
+    /// streamed a first token (the session goes on), `None` otherwise.
+    async fn send<'o>(
+        &self,
+        tenant: Tenant,
+        body: &serde_json::Value,
+        prompt_tokens: usize,
+        out: &'o mut Vec<Sent>,
+    ) -> Option<&'o Observed> {
+        let arrival = plan_elapsed(self.start, self.scale);
+        let obs = stream_request(self.client, self.url, body).await;
+        out.push(Sent {
+            tenant,
+            arrival,
+            prompt_tokens,
+            obs,
+        });
+        match &out.last()?.obs {
+            Ok(o) if o.status == 200 && o.ttft.is_some() => Some(o),
+            _ => None,
+        }
+    }
+
     /// Token-id prompts: each turn's prompt is the last one, the generated
     /// ids and the new message.
     async fn ids(&self, s: usize, tenant: Tenant) -> Vec<Sent> {
@@ -359,23 +377,11 @@ impl SessionRun<'_> {
                 break;
             }
             self.plan.user_message(sp, turn, &mut context);
-            let arrival = plan_elapsed(self.start, self.scale);
             let body = request_body(self.model, &context, tp.output);
-            let obs = stream_request(self.client, self.url, &body).await;
-            let generated = match &obs {
-                Ok(o) if o.status == 200 && o.ttft.is_some() => Some(o.token_ids.clone()),
-                _ => None,
-            };
-            out.push(Sent {
-                tenant,
-                arrival,
-                prompt_tokens: context.len(),
-                obs,
-            });
-            let Some(generated) = generated else {
+            let Some(answered) = self.send(tenant, &body, context.len(), &mut out).await else {
                 break;
             };
-            context.extend_from_slice(&generated);
+            context.extend_from_slice(&answered.token_ids);
         }
         out
     }
@@ -396,22 +402,11 @@ impl SessionRun<'_> {
             self.plan.user_message(sp, turn, &mut message);
             planned += message.len();
             messages.push(json!({"role": "user", "content": words.text(&message)}));
-            let arrival = plan_elapsed(self.start, self.scale);
             let body = chat_body(self.model, &messages, tp.output);
-            let obs = stream_request(self.client, self.url, &body).await;
-            let answer = match &obs {
-                Ok(o) if o.status == 200 && o.ttft.is_some() => Some(o.text.clone()),
-                _ => None,
-            };
-            out.push(Sent {
-                tenant,
-                arrival,
-                prompt_tokens: planned,
-                obs,
-            });
-            let Some(answer) = answer else {
+            let Some(answered) = self.send(tenant, &body, planned, &mut out).await else {
                 break;
             };
+            let answer = answered.text.clone();
             planned += tp.output as usize;
             messages.push(json!({"role": "assistant", "content": answer}));
         }
@@ -422,7 +417,7 @@ impl SessionRun<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::Sizes;
+    use crate::workload::{Sizes, WorkloadKind};
     use kvsteer_sim::engine::EngineConfig;
     use kvsteer_sim::profile::TimingProfile;
     use kvsteer_sim::server::{ServerConfig, ServerHandle};

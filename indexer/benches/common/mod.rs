@@ -14,8 +14,8 @@ use kvsteer_kv_events::{BlockHash, BlockStored, EventBatch, KvEvent};
 use kvsteer_tokenize::{ChatMessage, ChatRequest, Content, PromptTokenizer};
 use prometheus_client::registry::Registry;
 use rand::{Rng, rngs::SmallRng};
+use std::time::Duration;
 use std::{collections::HashMap, sync::Arc};
-use std::{path::PathBuf, time::Duration};
 
 pub const MODEL: &str = "Qwen/Qwen3-8B";
 pub const WORDS: &[&str] = &[
@@ -25,9 +25,7 @@ pub const WORDS: &[&str] = &[
     "return", "struct", "trait", "async", "await", "future", "lock", "atomic",
 ];
 
-pub fn shared() -> PathBuf {
-    kvsteer_e2e::shared_dir()
-}
+pub use kvsteer_e2e::shared_dir as shared;
 
 pub fn text(rng: &mut SmallRng, words: usize) -> String {
     let mut s = String::with_capacity(words * 7);

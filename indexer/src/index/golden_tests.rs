@@ -1,15 +1,11 @@
 //! The golden vLLM event vectors (`shared/vllm-events`) through [`Index`].
 
-use std::path::PathBuf;
-
 use kvsteer_kv_events::{EventBatch, KvEvent, decode_batch};
 
 use super::*;
 use crate::keys::prompt_keys;
 
-fn shared_dir() -> PathBuf {
-    kvsteer_e2e::shared_dir()
-}
+use kvsteer_e2e::shared_dir;
 
 fn vector(name: &str) -> EventBatch {
     let path = shared_dir()

@@ -13,15 +13,13 @@ use hyper_util::{
 };
 use kvsteer_kv_events::{BlockHash, BlockStored, EventBatch, KvEvent};
 use serde_json::Value;
-use std::{future::Future, path::PathBuf, time::Duration};
+use std::{future::Future, time::Duration};
 
 pub const MODEL: &str = "Qwen/Qwen3-8B";
 pub const BLOCK: usize = 16;
 pub const WAIT: Duration = Duration::from_secs(20);
 
-pub fn shared() -> PathBuf {
-    kvsteer_e2e::shared_dir()
-}
+pub use kvsteer_e2e::shared_dir as shared;
 
 /// Polls `check` every 50 ms until it yields a value, failing after `WAIT`.
 pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T

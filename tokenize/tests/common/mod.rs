@@ -5,10 +5,7 @@ use std::path::PathBuf;
 
 use kvsteer_tokenize::PromptTokenizer;
 
-/// `$KVSTEER_SHARED`, else `<workspace root>/../shared`.
-pub fn shared_dir() -> PathBuf {
-    kvsteer_e2e::shared_dir()
-}
+pub use kvsteer_e2e::shared_dir;
 
 pub fn parity_dir() -> PathBuf {
     shared_dir().join("chat-parity")
