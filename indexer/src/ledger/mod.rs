@@ -8,8 +8,17 @@
 //! first token, the prompt's blocks (a prompt queued there: see
 //! [`queued`]). The per-worker aggregates (`in_flight`,
 //! `unprefilled_tokens`, `decoding`) and the queued-block counts change
-//! only with an entry, under one lock, so they return to zero exactly when
-//! every request has ended.
+//! only with an entry, under the ledger's lock, so they return to zero
+//! exactly when every request has ended.
+//!
+//! The pick's read side takes no lock of the ledger's entries: each change
+//! of a worker's load or rate (calibration) is published to atomics that
+//! [`Ledger::view`] reads, and the queued blocks are sharded under their
+//! own locks (taken after the entries', one block at a time). Only writes
+//! (a pick's commit, reports, expiry) take the entries' mutex. A view may
+//! see one field of a worker's load before a change and another after it:
+//! the scoring is an estimate either way, and the aggregates themselves
+//! change only under the lock.
 //!
 //! Reports race their pick: the filter may give up on a pick and report
 //! `Cancelled` before the pick commits. A terminal report for an id without
@@ -32,6 +41,7 @@ use parking_lot::Mutex;
 use queued::QueuedBlocks;
 use std::{
     collections::{HashMap, VecDeque},
+    sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
     time::{Duration, Instant},
 };
 use tombstones::Tombstones;
@@ -120,6 +130,22 @@ pub struct Ledger {
     /// as queued first; their load stays).
     queued_capacity: usize,
     inner: Mutex<Inner>,
+    /// `Inner::workers` as last published (under `inner`'s lock, so in
+    /// order): what picks read.
+    loads: Box<[PublishedLoad]>,
+    /// Written under `inner`'s lock; read by picks without it.
+    queued: QueuedBlocks,
+}
+
+/// One worker's [`LocalLoad`] as picks read it.
+#[derive(Default)]
+struct PublishedLoad {
+    in_flight: AtomicU32,
+    unprefilled_tokens: AtomicU64,
+    decoding: AtomicU32,
+    /// `f64` bits.
+    prefill_rate: AtomicU64,
+    calibrated: AtomicBool,
 }
 
 struct Inner {
@@ -127,7 +153,6 @@ struct Inner {
     workers: Vec<LocalLoad>,
     /// A worker's load before anything is known of it.
     prior: LocalLoad,
-    queued: QueuedBlocks,
     /// Order in which prompts were queued, for the capacity bound; entries
     /// prefilled, ended or replaced since leave stale items, skipped.
     queue_order: VecDeque<(Instant, String)>,
@@ -148,6 +173,30 @@ impl Entry {
     /// The tokens this request adds to its worker's unprefilled work.
     fn tokens(&self) -> u64 {
         self.prediction.uncached_tokens.ceil() as u64
+    }
+}
+
+// === impl PublishedLoad ===
+
+impl PublishedLoad {
+    fn store(&self, l: &LocalLoad) {
+        self.in_flight.store(l.in_flight, Ordering::Relaxed);
+        self.unprefilled_tokens
+            .store(l.unprefilled_tokens, Ordering::Relaxed);
+        self.decoding.store(l.decoding, Ordering::Relaxed);
+        self.prefill_rate
+            .store(l.prefill_rate.to_bits(), Ordering::Relaxed);
+        self.calibrated.store(l.calibrated, Ordering::Relaxed);
+    }
+
+    fn load(&self) -> LocalLoad {
+        LocalLoad {
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            unprefilled_tokens: self.unprefilled_tokens.load(Ordering::Relaxed),
+            decoding: self.decoding.load(Ordering::Relaxed),
+            prefill_rate: f64::from_bits(self.prefill_rate.load(Ordering::Relaxed)),
+            calibrated: self.calibrated.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -188,11 +237,18 @@ impl Ledger {
         Self {
             ttl,
             queued_capacity,
+            loads: (0..workers)
+                .map(|_| {
+                    let p = PublishedLoad::default();
+                    p.store(&load);
+                    p
+                })
+                .collect(),
+            queued: QueuedBlocks::new(workers),
             inner: Mutex::new(Inner {
                 entries: HashMap::new(),
                 workers: vec![load; workers],
                 prior: load,
-                queued: QueuedBlocks::new(workers),
                 queue_order: VecDeque::new(),
                 tombstones: Tombstones::new(tombstone_ttl, tombstone_capacity),
                 expired: 0,
@@ -215,24 +271,28 @@ impl Ledger {
         if entry.worker >= inner.workers.len() {
             return Opened::UnknownWorker;
         }
-        let replaced = inner.close(id).is_some();
+        let replaced = inner.close(id, &self.queued).map(|e| e.worker);
         let w = &mut inner.workers[entry.worker];
         w.in_flight += 1;
         w.unprefilled_tokens += entry.tokens();
         if !queued.is_empty() {
-            inner.queued.add(entry.worker, &queued);
+            self.queued.add(entry.worker, &queued);
             inner
                 .queue_order
                 .push_back((entry.picked_at, id.to_owned()));
         }
+        let worker = entry.worker;
         inner
             .entries
             .insert(id.to_owned(), Record { entry, queued });
-        inner.bound_queued(self.queued_capacity);
-        if replaced {
-            Opened::Replaced
-        } else {
-            Opened::New
+        inner.bound_queued(self.queued_capacity, &self.queued);
+        self.publish(inner, worker);
+        match replaced {
+            Some(other) => {
+                self.publish(inner, other);
+                Opened::Replaced
+            }
+            None => Opened::New,
         }
     }
 
@@ -248,12 +308,14 @@ impl Ledger {
         }
         rec.entry.first_token_at = Some(now);
         let worker = rec.entry.worker;
-        let w = &mut inner.workers[worker];
-        w.unprefilled_tokens = w.unprefilled_tokens.saturating_sub(rec.entry.tokens());
-        w.decoding += 1;
+        let entry = rec.entry.clone();
         let keys = std::mem::take(&mut rec.queued);
-        inner.queued.remove(worker, &keys);
-        Some(rec.entry.clone())
+        let w = &mut inner.workers[worker];
+        w.unprefilled_tokens = w.unprefilled_tokens.saturating_sub(entry.tokens());
+        w.decoding += 1;
+        self.queued.remove(worker, &keys);
+        self.publish(inner, worker);
+        Some(entry)
     }
 
     /// Records a terminal report (done or cancelled). An entry without a
@@ -261,7 +323,8 @@ impl Ledger {
     /// aggregates are released either way.
     pub fn finish(&self, id: &str, now: Instant) -> Finished {
         let mut inner = self.inner.lock();
-        if let Some(entry) = inner.close(id) {
+        if let Some(entry) = inner.close(id, &self.queued) {
+            self.publish(&inner, entry.worker);
             return Finished::Closed(entry);
         }
         if inner.tombstones.insert(id, now) {
@@ -284,39 +347,42 @@ impl Ledger {
             .map(|(id, _)| id.clone())
             .collect();
         for id in &stale {
-            inner.close(id);
+            inner.close(id, &self.queued);
         }
         inner.expired += stale.len() as u64;
         inner.trim_queue_order();
+        if !stale.is_empty() {
+            self.publish_all(inner);
+        }
         Expired {
             entries: stale.len(),
             tombstones: inner.tombstones.expire(now),
         }
     }
 
+    /// Every worker's load, as last published.
     pub fn snapshot(&self) -> Vec<LocalLoad> {
-        self.inner.lock().workers.clone()
+        self.loads.iter().map(PublishedLoad::load).collect()
     }
 
     /// Every worker's load and, per worker, how many of `keys`' leading
-    /// blocks a prompt queued there holds (one lock for both).
+    /// blocks a prompt queued there holds. Takes no lock of the entries:
+    /// the loads are the published ones, the queued blocks are read shard
+    /// by shard.
     pub fn view(&self, keys: &[BlockKey]) -> (Vec<LocalLoad>, Vec<u32>) {
-        let inner = self.inner.lock();
         let queued = if keys.is_empty() {
-            vec![0; inner.workers.len()]
+            vec![0; self.loads.len()]
         } else {
-            inner.queued.lookup(keys)
+            self.queued.lookup(keys)
         };
-        (inner.workers.clone(), queued)
+        (self.snapshot(), queued)
     }
 
     /// Worker `worker`'s prefill rate (`None` out of range).
     pub fn rate(&self, worker: usize) -> Option<f64> {
-        self.inner
-            .lock()
-            .workers
+        self.loads
             .get(worker)
-            .map(|w| w.prefill_rate)
+            .map(|w| f64::from_bits(w.prefill_rate.load(Ordering::Relaxed)))
     }
 
     /// Sets a worker's calibrated prefill rate. Workers without observations
@@ -336,6 +402,7 @@ impl Ledger {
                 w.prefill_rate = pooled;
             }
         }
+        self.publish_all(&inner);
     }
 
     /// Drops every entry on `worker` and resets its load to the prior (its
@@ -354,7 +421,7 @@ impl Ledger {
             .map(|(id, _)| id.clone())
             .collect();
         for id in &ids {
-            inner.close(id);
+            inner.close(id, &self.queued);
         }
         // The slot's next worker starts uncalibrated, at the pool's rate.
         inner.workers[worker] = inner.prior;
@@ -362,7 +429,23 @@ impl Ledger {
             inner.workers[worker].prefill_rate = pooled;
         }
         inner.trim_queue_order();
+        self.publish_all(inner);
         ids.len()
+    }
+
+    /// Publishes `worker`'s load for picks (called with `inner`'s lock held,
+    /// so changes are published in their order).
+    fn publish(&self, inner: &Inner, worker: usize) {
+        if let (Some(p), Some(w)) = (self.loads.get(worker), inner.workers.get(worker)) {
+            p.store(w);
+        }
+    }
+
+    /// [`Self::publish`] for every worker.
+    fn publish_all(&self, inner: &Inner) {
+        for (p, w) in self.loads.iter().zip(&inner.workers) {
+            p.store(w);
+        }
     }
 
     /// The entry of `id`, if any.
@@ -383,7 +466,7 @@ impl Ledger {
         LedgerStats {
             entries: inner.entries.len(),
             tombstones: inner.tombstones.len(),
-            queued_blocks: inner.queued.held(),
+            queued_blocks: self.queued.held(),
             expired: inner.expired,
             late_picks: inner.late_picks,
             tombstones_evicted: inner.tombstones.evicted,
@@ -403,7 +486,7 @@ impl Inner {
     }
 
     /// Removes `id`'s entry and releases what it held.
-    fn close(&mut self, id: &str) -> Option<Entry> {
+    fn close(&mut self, id: &str, queued: &QueuedBlocks) -> Option<Entry> {
         let rec = self.entries.remove(id)?;
         let tokens = rec.entry.tokens();
         let worker = rec.entry.worker;
@@ -414,7 +497,7 @@ impl Inner {
         } else {
             w.unprefilled_tokens = w.unprefilled_tokens.saturating_sub(tokens);
         }
-        self.queued.remove(worker, &rec.queued);
+        queued.remove(worker, &rec.queued);
         Some(rec.entry)
     }
 
@@ -427,8 +510,8 @@ impl Inner {
 
     /// Beyond `capacity` queued blocks, the oldest queued prompts stop
     /// counting as queued (their entries stay).
-    fn bound_queued(&mut self, capacity: usize) {
-        while self.queued.held() > capacity || self.queue_order.len() > 2 * capacity.max(1) {
+    fn bound_queued(&mut self, capacity: usize, queued: &QueuedBlocks) {
+        while queued.held() > capacity || self.queue_order.len() > 2 * capacity.max(1) {
             let Some((at, id)) = self.queue_order.pop_front() else {
                 break;
             };
@@ -436,7 +519,7 @@ impl Inner {
                 && let Some(rec) = self.entries.get_mut(&id)
             {
                 let keys = std::mem::take(&mut rec.queued);
-                self.queued.remove(rec.entry.worker, &keys);
+                queued.remove(rec.entry.worker, &keys);
             }
         }
     }

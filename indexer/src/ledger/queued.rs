@@ -9,17 +9,30 @@
 //! collapses with the throughput.
 //!
 //! Only the per-block counts live here; which request holds which blocks is
-//! its ledger entry's (see [`super::Ledger`]).
+//! its ledger entry's (see [`super::Ledger`]). The counts are sharded by
+//! block key, each shard under its own mutex held for one block at a time,
+//! so a pick's lookup and the writers (commits and first tokens, already
+//! serialized by the ledger's lock) rarely meet. A lookup racing a write
+//! may see part of a prompt's blocks: it then counts a shorter run, as if
+//! it had come a moment earlier or later.
 
 use crate::keys::{BlockKey, KeyHasher};
-use std::collections::HashMap;
+use parking_lot::Mutex;
+use std::{
+    collections::HashMap,
+    sync::atomic::{AtomicUsize, Ordering},
+};
+
+const SHARDS: usize = 16;
+
+/// Per block, how many queued prompts hold it on each worker that has one
+/// (`(slot, count)`; few per block).
+type Counts = HashMap<BlockKey, Vec<(u32, u32)>, KeyHasher>;
 
 pub(super) struct QueuedBlocks {
-    /// Per block, how many queued prompts hold it on each worker that has
-    /// one (`(slot, count)`; few per block).
-    blocks: HashMap<BlockKey, Vec<(u32, u32)>, KeyHasher>,
+    shards: [Mutex<Counts>; SHARDS],
     /// Blocks of all queued prompts.
-    held: usize,
+    held: AtomicUsize,
     workers: usize,
 }
 
@@ -28,37 +41,49 @@ pub(super) struct QueuedBlocks {
 impl QueuedBlocks {
     pub(super) fn new(workers: usize) -> Self {
         Self {
-            blocks: HashMap::with_hasher(KeyHasher),
-            held: 0,
+            shards: std::array::from_fn(|_| Mutex::new(HashMap::with_hasher(KeyHasher))),
+            held: AtomicUsize::new(0),
             workers,
         }
     }
 
     pub(super) fn held(&self) -> usize {
-        self.held
+        self.held.load(Ordering::Relaxed)
     }
 
-    /// A prompt with these blocks is queued on `worker` (in range).
-    pub(super) fn add(&mut self, worker: usize, keys: &[BlockKey]) {
+    fn shard(&self, key: BlockKey) -> &Mutex<Counts> {
+        // Keys are chain hashes: their top bits are as good as any.
+        &self.shards[(key.0 >> 60) as usize % SHARDS]
+    }
+
+    /// A prompt with these blocks is queued on `worker` (in range). Callers
+    /// hold the ledger's lock (writers are serialized).
+    pub(super) fn add(&self, worker: usize, keys: &[BlockKey]) {
         let slot = worker as u32;
         for &key in keys {
-            let counts = self.blocks.entry(key).or_default();
+            let mut shard = self.shard(key).lock();
+            let counts = shard.entry(key).or_default();
             match counts.iter_mut().find(|(w, _)| *w == slot) {
                 Some((_, n)) => *n += 1,
                 None => counts.push((slot, 1)),
             }
         }
-        self.held += keys.len();
+        self.held.fetch_add(keys.len(), Ordering::Relaxed);
     }
 
     /// The prompt [`Self::add`]ed with these blocks is no longer queued.
-    pub(super) fn remove(&mut self, worker: usize, keys: &[BlockKey]) {
-        self.held = self.held.saturating_sub(keys.len());
+    /// Callers hold the ledger's lock.
+    pub(super) fn remove(&self, worker: usize, keys: &[BlockKey]) {
+        // Writers are serialized: no other update of `held` runs now.
+        let held = self.held.load(Ordering::Relaxed);
+        self.held
+            .store(held.saturating_sub(keys.len()), Ordering::Relaxed);
+        let slot = worker as u32;
         for key in keys {
-            let Some(counts) = self.blocks.get_mut(key) else {
+            let mut shard = self.shard(*key).lock();
+            let Some(counts) = shard.get_mut(key) else {
                 continue;
             };
-            let slot = worker as u32;
             if let Some(i) = counts.iter().position(|(w, _)| *w == slot) {
                 counts[i].1 -= 1;
                 if counts[i].1 == 0 {
@@ -66,7 +91,7 @@ impl QueuedBlocks {
                 }
             }
             if counts.is_empty() {
-                self.blocks.remove(key);
+                shard.remove(key);
             }
         }
     }
@@ -77,7 +102,8 @@ impl QueuedBlocks {
     pub(super) fn lookup(&self, keys: &[BlockKey]) -> Vec<u32> {
         let mut leading = vec![0u32; self.workers];
         for (i, key) in keys.iter().enumerate() {
-            let Some(counts) = self.blocks.get(key) else {
+            let shard = self.shard(*key).lock();
+            let Some(counts) = shard.get(key) else {
                 break;
             };
             let mut extended = false;
@@ -90,6 +116,7 @@ impl QueuedBlocks {
                     extended = true;
                 }
             }
+            drop(shard);
             if !extended {
                 break;
             }

@@ -289,3 +289,55 @@ fn forgetting_a_worker_drops_its_entries_and_queued_blocks_and_resets_its_load()
     assert!(idle(&l));
     assert_eq!(l.forget(7), 0);
 }
+
+#[test]
+fn picks_reading_while_reports_write_see_whole_changes_and_end_at_zero() {
+    // Writers open, first-token and finish while readers take views: the
+    // published loads and the queued blocks never go negative (saturated
+    // u32/u64 would show as huge), and once every writer is done both read
+    // zero with no entry left.
+    let l = std::sync::Arc::new(ledger(4));
+    let t0 = Instant::now();
+    let writers: Vec<_> = (0..4)
+        .map(|t| {
+            let l = l.clone();
+            std::thread::spawn(move || {
+                for i in 0..500u64 {
+                    let id = format!("{t}-{i}");
+                    let worker = ((t as u64 + i) % 4) as usize;
+                    l.open(&id, entry(worker, 64.0, t0), keys(i % 7..i % 7 + 3));
+                    if i % 3 != 0 {
+                        l.first_token(&id, t0);
+                    }
+                    if i % 5 == 0 {
+                        l.set_rate(worker, 1_000.0 + i as f64);
+                    }
+                    l.finish(&id, t0);
+                }
+            })
+        })
+        .collect();
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let l = l.clone();
+            std::thread::spawn(move || {
+                for i in 0..2_000u64 {
+                    let (loads, queued) = l.view(&keys(i % 7..i % 7 + 3));
+                    assert_eq!(loads.len(), 4);
+                    for w in loads.iter() {
+                        assert!(w.in_flight <= 4, "{w:?}");
+                        assert!(w.unprefilled_tokens <= 4 * 64, "{w:?}");
+                        assert!(w.decoding <= 4, "{w:?}");
+                    }
+                    assert!(queued.iter().all(|&n| n <= 3), "{queued:?}");
+                }
+            })
+        })
+        .collect();
+    for h in writers.into_iter().chain(readers) {
+        h.join().expect("no panic");
+    }
+    assert!(idle(&l));
+    assert_eq!(l.view(&keys(0..10)).1, vec![0; 4]);
+    assert!(l.snapshot().iter().all(|w| w.calibrated));
+}
