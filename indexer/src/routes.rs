@@ -12,11 +12,12 @@
 //! picked and not yet prefilled are the request ledger's
 //! ([`crate::ledger`]), which fills [`RouteView::queued`].
 //!
-//! One mutex guards the record, held for a lookup or an insert, never
-//! across an await. A read-write lock was tried: readers and writers on
-//! every pick made it slower under contention (64 picks on their own
-//! threads: p99 6.1 ms against 2.7 ms with the mutex; `indexer/README.md`,
-//! "Pick latency under concurrency"). Lookups change nothing; entries
+//! One mutex guards the record, held for a lookup or an insert (a few
+//! microseconds), never across an await. Every pick both reads and writes
+//! the record, so it is not read-mostly state: a read-write lock (readers
+//! and writers on every pick) and a 16-way sharded record (a shard lock
+//! per block, twice per pick) were both measured slower than the mutex
+//! (`indexer/README.md`, "Pick latency under concurrency"). Lookups change nothing; entries
 //! leave on the housekeeping tick ([`RouteMemory::expire`]), never inside a pick. A
 //! lookup ignores entries already past a window, so what the tick has not
 //! yet dropped never counts as this prompt's; until the tick, such entries
