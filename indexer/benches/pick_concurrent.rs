@@ -130,6 +130,39 @@ struct Run {
     rate: f64,
 }
 
+impl Run {
+    /// The pick latencies of a round that took `elapsed` in all.
+    fn of(took: Vec<Duration>, elapsed: Duration) -> Self {
+        let n = took.len();
+        let [p50, _, p99] = percentiles(took);
+        Run {
+            p50,
+            p99,
+            rate: n as f64 / elapsed.as_secs_f64(),
+        }
+    }
+}
+
+/// Pick `i` of in-flight slot `t` in round `round`: its request id and input.
+fn pick_input(round: usize, t: usize, i: usize, prompt: &Prompt) -> (String, PickInput) {
+    let id = format!("c{round}-{t}-{i}");
+    let input = PickInput {
+        request_id: id.clone(),
+        tenant: String::new(),
+        model: MODEL.into(),
+        prompt: Ok(prompt.clone()),
+        cache_salt: None,
+    };
+    (id, input)
+}
+
+/// A pick's first token and done reports, as the filter sends them.
+fn finish(picker: &Picker, id: &str, routed: bool) {
+    assert!(routed, "a pick with no endpoint");
+    picker.report(&Report::first_token(id, 50.0, true), Instant::now());
+    picker.report(&Report::done(id, 100.0), Instant::now());
+}
+
 /// `prompts` picked by `in_flight` tasks at once on the current (multi-thread)
 /// runtime (round `round` names the request ids), each pick followed by its
 /// reports.
@@ -148,14 +181,7 @@ async fn run_tasks(
             tokio::spawn(async move {
                 let mut took = Vec::with_capacity(per);
                 for (i, prompt) in prompts[t * per..(t + 1) * per].iter().enumerate() {
-                    let id = format!("c{round}-{t}-{i}");
-                    let input = PickInput {
-                        request_id: id.clone(),
-                        tenant: String::new(),
-                        model: MODEL.into(),
-                        prompt: Ok(prompt.clone()),
-                        cache_salt: None,
-                    };
+                    let (id, input) = pick_input(round, t, i, prompt);
                     let start = Instant::now();
                     let guard = match &lock {
                         Some(l) => Some(l.lock().await),
@@ -163,9 +189,7 @@ async fn run_tasks(
                     };
                     let out = picker.pick(input, Mode::Commit).await;
                     took.push(start.elapsed());
-                    assert!(!out.endpoints.is_empty(), "a pick with no endpoint");
-                    picker.report(&Report::first_token(&id, 50.0, true), Instant::now());
-                    picker.report(&Report::done(&id, 100.0), Instant::now());
+                    finish(&picker, &id, !out.endpoints.is_empty());
                     drop(guard);
                 }
                 took
@@ -176,14 +200,7 @@ async fn run_tasks(
     for task in tasks {
         took.extend(task.await.expect("bench task"));
     }
-    let elapsed = started.elapsed();
-    let n = took.len();
-    let [p50, _, p99] = percentiles(took);
-    Run {
-        p50,
-        p99,
-        rate: n as f64 / elapsed.as_secs_f64(),
-    }
+    Run::of(took, started.elapsed())
 }
 
 /// `prompts` picked by `threads` threads at once (round `round` names the
@@ -210,21 +227,12 @@ fn run(
                     let mut took = Vec::with_capacity(mine.len());
                     barrier.wait();
                     for (i, prompt) in mine.iter().enumerate() {
-                        let id = format!("c{round}-{t}-{i}");
-                        let input = PickInput {
-                            request_id: id.clone(),
-                            tenant: String::new(),
-                            model: MODEL.into(),
-                            prompt: Ok(prompt.clone()),
-                            cache_salt: None,
-                        };
+                        let (id, input) = pick_input(round, t, i, prompt);
                         let start = Instant::now();
                         let guard = lock.map(|l| l.lock());
                         let out = rt.block_on(picker.pick(input, Mode::Commit));
                         took.push(start.elapsed());
-                        assert!(!out.endpoints.is_empty(), "a pick with no endpoint");
-                        picker.report(&Report::first_token(&id, 50.0, true), Instant::now());
-                        picker.report(&Report::done(&id, 100.0), Instant::now());
+                        finish(picker, &id, !out.endpoints.is_empty());
                         drop(guard);
                     }
                     took
@@ -236,12 +244,5 @@ fn run(
             .flat_map(|h| h.join().expect("bench thread"))
             .collect()
     });
-    let elapsed = started.elapsed();
-    let n = took.len();
-    let [p50, _, p99] = percentiles(took);
-    Run {
-        p50,
-        p99,
-        rate: n as f64 / elapsed.as_secs_f64(),
-    }
+    Run::of(took, started.elapsed())
 }
