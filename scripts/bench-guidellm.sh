@@ -40,13 +40,7 @@ PREFIXES=12 PREFIX_TOKENS=4000 QUESTION_TOKENS=1500 OUTPUT_TOKENS=100
 SLO_TTFT_MS=8000
 
 VENV=.cache/peers/guidellm
-have=
-[ -x "$VENV/bin/guidellm" ] && have=$("$VENV/bin/pip" show guidellm 2>/dev/null | sed -n 's/^Version: //p')
-if [ "$have" != "$GUIDELLM_VERSION" ]; then
-  log "installing guidellm $GUIDELLM_VERSION into $VENV (torch: ~5 GB)"
-  python3 -m venv "$VENV" || { ensure_apt python3:python3-venv; python3 -m venv "$VENV"; }
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check "guidellm==$GUIDELLM_VERSION"
-fi
+install_peer guidellm "guidellm==$GUIDELLM_VERSION" guidellm # pulls torch, ~5 GB
 ensure_local_layout_tools
 build_all release
 mkdir -p "$OUT"

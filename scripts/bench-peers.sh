@@ -56,16 +56,6 @@ SGLANG_PORT=30001
 VLLM_CACHE_PORT=30002
 VLLM_KV_PORT=30003
 
-install_peer() { # install_peer NAME PACKAGE==VERSION BINARY
-  local venv=.cache/peers/$1
-  local have=
-  [ -x "$venv/bin/$3" ] && have=$("$venv/bin/pip" show "${2%%==*}" 2>/dev/null | sed -n 's/^Version: //p')
-  if [ "$have" != "${2##*==}" ]; then
-    log "installing $2 into $venv"
-    python3 -m venv "$venv" || { ensure_apt python3:python3-venv; python3 -m venv "$venv"; }
-    "$venv/bin/pip" install --quiet --disable-pip-version-check "$2"
-  fi
-}
 
 start_peers() {
   local w args=()

@@ -131,6 +131,19 @@ build_all() {
   export KVSTEER_BIN
 }
 
+# install_peer NAME PACKAGE==VERSION BINARY: a pinned PyPI tool (a peer router,
+# GuideLLM) in its own venv, .cache/peers/NAME, unless that version is there.
+install_peer() { # install_peer NAME PACKAGE==VERSION BINARY
+  local venv=.cache/peers/$1
+  local have=
+  [ -x "$venv/bin/$3" ] && have=$("$venv/bin/pip" show "${2%%==*}" 2>/dev/null | sed -n 's/^Version: //p')
+  if [ "$have" != "${2##*==}" ]; then
+    log "installing $2 into $venv"
+    python3 -m venv "$venv" || { ensure_apt python3:python3-venv; python3 -m venv "$venv"; }
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "$2"
+  fi
+}
+
 # --- the local layout (envoy/local/): workers, indexer, Envoy -------------------
 
 KVSTEER_MODEL=Qwen/Qwen3-8B
