@@ -11,14 +11,15 @@
 //! only with an entry, under the ledger's lock, so they return to zero
 //! exactly when every request has ended.
 //!
-//! The pick's read side takes no lock of the ledger's entries: each change
-//! of a worker's load or rate (calibration) is published to atomics that
-//! [`Ledger::view`] reads, and the queued blocks are sharded under their
-//! own locks (taken after the entries', one block at a time). Only writes
-//! (a pick's commit, reports, expiry) take the entries' mutex. A view may
-//! see one field of a worker's load before a change and another after it:
-//! the scoring is an estimate either way, and the aggregates themselves
-//! change only under the lock.
+//! The pick's read side takes no lock of the ledger's entries: each
+//! worker's load and rate (calibration) live in atomics ([`Shared`]),
+//! changed only under the entries' mutex and read by [`Ledger::view`]
+//! without it, and the queued blocks are sharded under their own locks
+//! (taken after the entries', one block at a time). Only writes (a pick's
+//! commit, reports, expiry) take the entries' mutex. A view may see one
+//! field of a worker's load before a change and another after it: the
+//! scoring is an estimate either way, and the aggregates themselves change
+//! only under the lock.
 //!
 //! Reports race their pick: the filter may give up on a pick and report
 //! `Cancelled` before the pick commits. A terminal report for an id without
@@ -129,17 +130,21 @@ pub struct Ledger {
     /// Queued prompt blocks kept at most (the oldest prompts stop counting
     /// as queued first; their load stays).
     queued_capacity: usize,
+    /// A worker's load before anything is known of it.
+    prior: LocalLoad,
     inner: Mutex<Inner>,
-    /// `Inner::workers` as last published (under `inner`'s lock, so in
-    /// order): what picks read.
-    loads: Box<[PublishedLoad]>,
-    /// Written under `inner`'s lock; read by picks without it.
+    shared: Shared,
+}
+
+/// What picks read without the entries' mutex; written only under it.
+struct Shared {
+    loads: Box<[SharedLoad]>,
     queued: QueuedBlocks,
 }
 
-/// One worker's [`LocalLoad`] as picks read it.
+/// One worker's [`LocalLoad`], field by field.
 #[derive(Default)]
-struct PublishedLoad {
+struct SharedLoad {
     in_flight: AtomicU32,
     unprefilled_tokens: AtomicU64,
     decoding: AtomicU32,
@@ -150,9 +155,6 @@ struct PublishedLoad {
 
 struct Inner {
     entries: HashMap<String, Record>,
-    workers: Vec<LocalLoad>,
-    /// A worker's load before anything is known of it.
-    prior: LocalLoad,
     /// Order in which prompts were queued, for the capacity bound; entries
     /// prefilled, ended or replaced since leave stale items, skipped.
     queue_order: VecDeque<(Instant, String)>,
@@ -176,9 +178,9 @@ impl Entry {
     }
 }
 
-// === impl PublishedLoad ===
+// === impl SharedLoad ===
 
-impl PublishedLoad {
+impl SharedLoad {
     fn store(&self, l: &LocalLoad) {
         self.in_flight.store(l.in_flight, Ordering::Relaxed);
         self.unprefilled_tokens
@@ -197,6 +199,33 @@ impl PublishedLoad {
             prefill_rate: f64::from_bits(self.prefill_rate.load(Ordering::Relaxed)),
             calibrated: self.calibrated.load(Ordering::Relaxed),
         }
+    }
+
+    /// Changes the load (callers hold the entries' mutex: writes are
+    /// serialized).
+    fn update(&self, f: impl FnOnce(&mut LocalLoad)) {
+        let mut l = self.load();
+        f(&mut l);
+        self.store(&l);
+    }
+}
+
+// === impl Shared ===
+
+impl Shared {
+    fn load(&self, worker: usize) -> Option<&SharedLoad> {
+        self.loads.get(worker)
+    }
+
+    /// The mean rate of the calibrated workers (`None`: none is).
+    fn pooled_rate(&self) -> Option<f64> {
+        let (sum, n) = self
+            .loads
+            .iter()
+            .map(SharedLoad::load)
+            .filter(|w| w.calibrated)
+            .fold((0.0, 0u32), |(s, n), w| (s + w.prefill_rate, n + 1));
+        (n > 0).then(|| sum / f64::from(n))
     }
 }
 
@@ -237,18 +266,19 @@ impl Ledger {
         Self {
             ttl,
             queued_capacity,
-            loads: (0..workers)
-                .map(|_| {
-                    let p = PublishedLoad::default();
-                    p.store(&load);
-                    p
-                })
-                .collect(),
-            queued: QueuedBlocks::new(workers),
+            prior: load,
+            shared: Shared {
+                loads: (0..workers)
+                    .map(|_| {
+                        let w = SharedLoad::default();
+                        w.store(&load);
+                        w
+                    })
+                    .collect(),
+                queued: QueuedBlocks::new(workers),
+            },
             inner: Mutex::new(Inner {
                 entries: HashMap::new(),
-                workers: vec![load; workers],
-                prior: load,
                 queue_order: VecDeque::new(),
                 tombstones: Tombstones::new(tombstone_ttl, tombstone_capacity),
                 expired: 0,
@@ -268,31 +298,28 @@ impl Ledger {
             inner.late_picks += 1;
             return Opened::Reported;
         }
-        if entry.worker >= inner.workers.len() {
+        let Some(load) = self.shared.load(entry.worker) else {
             return Opened::UnknownWorker;
-        }
-        let replaced = inner.close(id, &self.queued).map(|e| e.worker);
-        let w = &mut inner.workers[entry.worker];
-        w.in_flight += 1;
-        w.unprefilled_tokens += entry.tokens();
+        };
+        let replaced = inner.close(id, &self.shared).is_some();
+        load.update(|w| {
+            w.in_flight += 1;
+            w.unprefilled_tokens += entry.tokens();
+        });
         if !queued.is_empty() {
-            self.queued.add(entry.worker, &queued);
+            self.shared.queued.add(entry.worker, &queued);
             inner
                 .queue_order
                 .push_back((entry.picked_at, id.to_owned()));
         }
-        let worker = entry.worker;
         inner
             .entries
             .insert(id.to_owned(), Record { entry, queued });
-        inner.bound_queued(self.queued_capacity, &self.queued);
-        self.publish(inner, worker);
-        match replaced {
-            Some(other) => {
-                self.publish(inner, other);
-                Opened::Replaced
-            }
-            None => Opened::New,
+        inner.bound_queued(self.queued_capacity, &self.shared.queued);
+        if replaced {
+            Opened::Replaced
+        } else {
+            Opened::New
         }
     }
 
@@ -308,14 +335,16 @@ impl Ledger {
         }
         rec.entry.first_token_at = Some(now);
         let worker = rec.entry.worker;
-        let entry = rec.entry.clone();
+        let tokens = rec.entry.tokens();
+        if let Some(load) = self.shared.load(worker) {
+            load.update(|w| {
+                w.unprefilled_tokens = w.unprefilled_tokens.saturating_sub(tokens);
+                w.decoding += 1;
+            });
+        }
         let keys = std::mem::take(&mut rec.queued);
-        let w = &mut inner.workers[worker];
-        w.unprefilled_tokens = w.unprefilled_tokens.saturating_sub(entry.tokens());
-        w.decoding += 1;
-        self.queued.remove(worker, &keys);
-        self.publish(inner, worker);
-        Some(entry)
+        self.shared.queued.remove(worker, &keys);
+        Some(rec.entry.clone())
     }
 
     /// Records a terminal report (done or cancelled). An entry without a
@@ -323,8 +352,7 @@ impl Ledger {
     /// aggregates are released either way.
     pub fn finish(&self, id: &str, now: Instant) -> Finished {
         let mut inner = self.inner.lock();
-        if let Some(entry) = inner.close(id, &self.queued) {
-            self.publish(&inner, entry.worker);
+        if let Some(entry) = inner.close(id, &self.shared) {
             return Finished::Closed(entry);
         }
         if inner.tombstones.insert(id, now) {
@@ -347,41 +375,37 @@ impl Ledger {
             .map(|(id, _)| id.clone())
             .collect();
         for id in &stale {
-            inner.close(id, &self.queued);
+            inner.close(id, &self.shared);
         }
         inner.expired += stale.len() as u64;
         inner.trim_queue_order();
-        if !stale.is_empty() {
-            self.publish_all(inner);
-        }
         Expired {
             entries: stale.len(),
             tombstones: inner.tombstones.expire(now),
         }
     }
 
-    /// Every worker's load, as last published.
+    /// Every worker's load.
     pub fn snapshot(&self) -> Vec<LocalLoad> {
-        self.loads.iter().map(PublishedLoad::load).collect()
+        self.shared.loads.iter().map(SharedLoad::load).collect()
     }
 
     /// Every worker's load and, per worker, how many of `keys`' leading
     /// blocks a prompt queued there holds. Takes no lock of the entries:
-    /// the loads are the published ones, the queued blocks are read shard
-    /// by shard.
+    /// the loads are atomics, the queued blocks are read shard by shard.
     pub fn view(&self, keys: &[BlockKey]) -> (Vec<LocalLoad>, Vec<u32>) {
         let queued = if keys.is_empty() {
-            vec![0; self.loads.len()]
+            vec![0; self.shared.loads.len()]
         } else {
-            self.queued.lookup(keys)
+            self.shared.queued.lookup(keys)
         };
         (self.snapshot(), queued)
     }
 
     /// Worker `worker`'s prefill rate (`None` out of range).
     pub fn rate(&self, worker: usize) -> Option<f64> {
-        self.loads
-            .get(worker)
+        self.shared
+            .load(worker)
             .map(|w| f64::from_bits(w.prefill_rate.load(Ordering::Relaxed)))
     }
 
@@ -391,18 +415,24 @@ impl Ledger {
     /// the prior would look faster or slower than its calibrated peers for no
     /// reason, winning (or losing) every cold pick.
     pub fn set_rate(&self, worker: usize, rate: f64) {
-        let mut inner = self.inner.lock();
-        let Some(w) = inner.workers.get_mut(worker) else {
+        let _writer = self.inner.lock();
+        let Some(load) = self.shared.load(worker) else {
             return;
         };
-        w.prefill_rate = rate;
-        w.calibrated = true;
-        if let Some(pooled) = inner.pooled_rate() {
-            for w in inner.workers.iter_mut().filter(|w| !w.calibrated) {
-                w.prefill_rate = pooled;
+        load.update(|w| {
+            w.prefill_rate = rate;
+            w.calibrated = true;
+        });
+        // Workers without observations of their own borrow the pool's rate.
+        if let Some(pooled) = self.shared.pooled_rate() {
+            for load in self.shared.loads.iter() {
+                load.update(|w| {
+                    if !w.calibrated {
+                        w.prefill_rate = pooled;
+                    }
+                });
             }
         }
-        self.publish_all(&inner);
     }
 
     /// Drops every entry on `worker` and resets its load to the prior (its
@@ -411,9 +441,9 @@ impl Ledger {
     pub fn forget(&self, worker: usize) -> usize {
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
-        if worker >= inner.workers.len() {
+        let Some(load) = self.shared.load(worker) else {
             return 0;
-        }
+        };
         let ids: Vec<String> = inner
             .entries
             .iter()
@@ -421,31 +451,15 @@ impl Ledger {
             .map(|(id, _)| id.clone())
             .collect();
         for id in &ids {
-            inner.close(id, &self.queued);
+            inner.close(id, &self.shared);
         }
         // The slot's next worker starts uncalibrated, at the pool's rate.
-        inner.workers[worker] = inner.prior;
-        if let Some(pooled) = inner.pooled_rate() {
-            inner.workers[worker].prefill_rate = pooled;
+        load.store(&self.prior);
+        if let Some(pooled) = self.shared.pooled_rate() {
+            load.update(|w| w.prefill_rate = pooled);
         }
         inner.trim_queue_order();
-        self.publish_all(inner);
         ids.len()
-    }
-
-    /// Publishes `worker`'s load for picks (called with `inner`'s lock held,
-    /// so changes are published in their order).
-    fn publish(&self, inner: &Inner, worker: usize) {
-        if let (Some(p), Some(w)) = (self.loads.get(worker), inner.workers.get(worker)) {
-            p.store(w);
-        }
-    }
-
-    /// [`Self::publish`] for every worker.
-    fn publish_all(&self, inner: &Inner) {
-        for (p, w) in self.loads.iter().zip(&inner.workers) {
-            p.store(w);
-        }
     }
 
     /// The entry of `id`, if any.
@@ -466,7 +480,7 @@ impl Ledger {
         LedgerStats {
             entries: inner.entries.len(),
             tombstones: inner.tombstones.len(),
-            queued_blocks: self.queued.held(),
+            queued_blocks: self.shared.queued.held(),
             expired: inner.expired,
             late_picks: inner.late_picks,
             tombstones_evicted: inner.tombstones.evicted,
@@ -475,29 +489,23 @@ impl Ledger {
 }
 
 impl Inner {
-    /// The mean rate of the calibrated workers (`None`: none is).
-    fn pooled_rate(&self) -> Option<f64> {
-        let (sum, n) = self
-            .workers
-            .iter()
-            .filter(|w| w.calibrated)
-            .fold((0.0, 0u32), |(s, n), w| (s + w.prefill_rate, n + 1));
-        (n > 0).then(|| sum / f64::from(n))
-    }
-
     /// Removes `id`'s entry and releases what it held.
-    fn close(&mut self, id: &str, queued: &QueuedBlocks) -> Option<Entry> {
+    fn close(&mut self, id: &str, shared: &Shared) -> Option<Entry> {
         let rec = self.entries.remove(id)?;
         let tokens = rec.entry.tokens();
         let worker = rec.entry.worker;
-        let w = &mut self.workers[worker];
-        w.in_flight = w.in_flight.saturating_sub(1);
-        if rec.entry.first_token_at.is_some() {
-            w.decoding = w.decoding.saturating_sub(1);
-        } else {
-            w.unprefilled_tokens = w.unprefilled_tokens.saturating_sub(tokens);
+        let prefilled = rec.entry.first_token_at.is_some();
+        if let Some(load) = shared.load(worker) {
+            load.update(|w| {
+                w.in_flight = w.in_flight.saturating_sub(1);
+                if prefilled {
+                    w.decoding = w.decoding.saturating_sub(1);
+                } else {
+                    w.unprefilled_tokens = w.unprefilled_tokens.saturating_sub(tokens);
+                }
+            });
         }
-        queued.remove(worker, &rec.queued);
+        shared.queued.remove(worker, &rec.queued);
         Some(rec.entry)
     }
 

@@ -293,7 +293,7 @@ fn forgetting_a_worker_drops_its_entries_and_queued_blocks_and_resets_its_load()
 #[test]
 fn picks_reading_while_reports_write_see_whole_changes_and_end_at_zero() {
     // Writers open, first-token and finish while readers take views: the
-    // published loads and the queued blocks never go negative (saturated
+    // loads and the queued blocks never go negative (saturated
     // u32/u64 would show as huge), and once every writer is done both read
     // zero with no entry left.
     let l = std::sync::Arc::new(ledger(4));
