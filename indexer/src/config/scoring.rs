@@ -19,7 +19,13 @@ pub const DEFAULT_MAX_ENDPOINTS: u32 = 3;
 pub const DEFAULT_MAX_NUM_SEQS: u32 = 256;
 pub const DEFAULT_KV_FULL_THRESHOLD: f64 = 0.95;
 pub const DEFAULT_TIE_RATIO: f64 = 0.05;
-pub const DEFAULT_CONGESTION_WEIGHT: f64 = 2.0;
+/// The prefill of a placement counts as delaying half of the mean backlog:
+/// enough that a warm worker keeps a group's traffic near saturation, little
+/// enough that past saturation a worker given too many groups loses the
+/// excess instead of holding it while its queue grows (2.0 collapsed
+/// throughput to ~130 of ~180 rpm: `sim/BENCHMARKS-DIARY.md`, "4 Dec: no
+/// collapse past capacity").
+pub const DEFAULT_CONGESTION_WEIGHT: f64 = 0.5;
 pub const DEFAULT_ROUTE_WINDOW_S: u64 = 60;
 pub const DEFAULT_PLACEMENT_WINDOW_S: u64 = 600;
 pub const DEFAULT_NOVEL_SPREAD: f64 = 1.0;
@@ -69,7 +75,9 @@ pub struct ScoringConfig {
     pub tie_ratio: f64,
     /// Weight of the delay a placement's prefill adds to the requests
     /// queueing behind it (× the workers' mean first-token backlog); 0 ranks
-    /// by this request's predicted TTFT alone.
+    /// by this request's predicted TTFT alone. The charge grows with the
+    /// backlog without bound, so a high weight past saturation freezes
+    /// whatever share of the traffic each worker holds.
     pub congestion_weight: f64,
     /// Prompts routed to a worker within this many seconds are its working
     /// set: a placement that pushes them out of its KV cache is charged

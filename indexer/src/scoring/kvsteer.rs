@@ -45,6 +45,10 @@
 //! `congestion_weight`. With nothing queued anywhere the cost is the
 //! predicted TTFT; as queues grow a cold placement must save more than the
 //! extra prefill it adds for everyone, so the cache keeps its traffic.
+//! The charge grows with the backlog, without bound past saturation, so
+//! the weight is small (0.5): with 2 a worker that took one group too many
+//! at the start kept it however long its queue grew, and the cluster's
+//! throughput fell to that worker's.
 //! `ttft_ms` stays this request's own prediction (reported, calibrated).
 //!
 //! `evicted` charges what a placement costs the requests that come back:
@@ -580,6 +584,33 @@ mod tests {
         assert_eq!(choice_with(&congested, &views(2)), 0);
         // Ranked by this request's TTFT alone, it would spill.
         assert_eq!(choice(&views(2)), 3);
+    }
+
+    /// Past saturation the congestion charge must not freeze the traffic
+    /// where it is: the warm worker's queue and the mean backlog grow
+    /// together, and with the default weight the predicted wait outgrows
+    /// the charge, so an overloaded worker loses its excess to idle ones.
+    /// With weight 2 the charge grows faster and the warm worker keeps
+    /// everything however long its queue (how `--groups 30` collapsed).
+    #[test]
+    fn an_overloaded_worker_loses_its_excess() {
+        // `queued` requests waiting on the warm worker, each with a
+        // question (the prompt minus the shared prefix) still to prefill.
+        let views = |queued: u32| {
+            let mut w = warm(u64::from(queued) * u64::from(PROMPT - MATCHED), 0);
+            w.in_flight = queued;
+            vec![w, cold(), cold(), cold()]
+        };
+        let weight = |congestion_weight| ScoringConfig {
+            congestion_weight,
+            ..cfg()
+        };
+        let default = weight(DEFAULT_CONGESTION_WEIGHT);
+        assert_eq!(choice_with(&default, &views(4)), 0);
+        assert_ne!(choice_with(&default, &views(8)), 0);
+        for queued in [8, 64, 1_000] {
+            assert_eq!(choice_with(&weight(2.0), &views(queued)), 0);
+        }
     }
 
     /// A worker whose KV cache is full of recently routed prompts: a prompt
