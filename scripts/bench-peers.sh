@@ -56,7 +56,6 @@ SGLANG_PORT=30001
 VLLM_CACHE_PORT=30002
 VLLM_KV_PORT=30003
 
-
 start_peers() {
   local w args=()
   log "starting sglang-router $SGLANG_ROUTER_VERSION (cache_aware, 127.0.0.1:$SGLANG_PORT)"
