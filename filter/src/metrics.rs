@@ -55,15 +55,20 @@ pub enum Histogram {
     /// From the `Pick` dispatch to its answer: Envoy's gRPC client, the
     /// network and the indexer's pick.
     PickUs,
+    /// The part of [`Self::PickUs`] spent inside Envoy's dispatch call:
+    /// the call's HTTP/2 stream set up, routed to the indexer cluster, its
+    /// headers and message encoded.
+    DispatchUs,
 }
 
 impl Histogram {
-    pub const ALL: [Self; 2] = [Self::PrepareUs, Self::PickUs];
+    pub const ALL: [Self; 3] = [Self::PrepareUs, Self::PickUs, Self::DispatchUs];
 
     pub fn index(self) -> usize {
         match self {
             Self::PrepareUs => 0,
             Self::PickUs => 1,
+            Self::DispatchUs => 2,
         }
     }
 
@@ -71,6 +76,7 @@ impl Histogram {
         match self {
             Self::PrepareUs => "kvsteer_filter_prepare_us",
             Self::PickUs => "kvsteer_filter_pick_us",
+            Self::DispatchUs => "kvsteer_filter_dispatch_us",
         }
     }
 }

@@ -398,6 +398,32 @@ impl Cluster {
             .unwrap_or(0))
     }
 
+    /// A filter histogram's sample count and sum as Envoy exports them
+    /// (`kvsteer_filter_pick_us` → `_count`, `_sum`); (0, 0.0) before
+    /// Envoy's first stats flush has merged the workers' samples.
+    pub async fn envoy_histogram(&self, name: &str) -> anyhow::Result<(u64, f64)> {
+        let text = self
+            .client
+            .get("http://127.0.0.1:9901/stats")
+            .query(&[("format", "prometheus"), ("filter", name)])
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
+        let value = |suffix: &str| {
+            let key = format!("{name}_{suffix}");
+            text.lines()
+                .filter_map(|l| l.split_once(' '))
+                .find(|(n, _)| n.split('{').next() == Some(key.as_str()))
+                .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+        };
+        Ok((
+            value("count").unwrap_or(0.0) as u64,
+            value("sum").unwrap_or(0.0),
+        ))
+    }
+
     /// The sum of the indexer's `/metrics` samples named `name` whose labels
     /// include every `key="value"` of `labels`.
     pub async fn indexer_metric(&self, name: &str, labels: &[&str]) -> anyhow::Result<f64> {

@@ -72,6 +72,43 @@ async fn multi_turn_conversation_sticks_to_the_warm_worker() {
     }
 }
 
+/// Each steered request records the filter's three timings, and the
+/// dispatch (inside Envoy's gRPC client) is part of the pick call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steered_requests_record_the_filter_timings() {
+    let _g = serial().await;
+    let c = Cluster::start(fast_sims()).await.expect("cluster");
+    conversation(&c, "timed", 3).await.expect("conversation");
+    let steered = c
+        .envoy_stat("wasmcustom.kvsteer_filter_steered")
+        .await
+        .expect("stat");
+    assert_eq!(steered, 3, "every turn steered");
+    // Envoy merges the workers' histograms at its stats flush (5 s).
+    let names = [
+        "kvsteer_filter_prepare_us",
+        "kvsteer_filter_dispatch_us",
+        "kvsteer_filter_pick_us",
+    ];
+    let recorded = wait_until("the filter's histograms", WAIT, || async {
+        let mut all = Vec::new();
+        for name in names {
+            let h = c.envoy_histogram(name).await.ok()?;
+            (h.0 == steered).then_some(())?;
+            all.push(h);
+        }
+        Some(all)
+    })
+    .await
+    .expect("each histogram has one sample per steered request");
+    let (dispatch, pick) = (recorded[1].1, recorded[2].1);
+    assert!(dispatch > 0.0, "dispatch took no time: {recorded:?}");
+    assert!(
+        dispatch <= pick,
+        "dispatch is part of the pick call: {recorded:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_with_token_ids_are_steered_like_chat() {
     let _g = serial().await;

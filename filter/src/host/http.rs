@@ -190,6 +190,11 @@ impl KvsteerHttp {
                         .metrics
                         .record(Histogram::PrepareUs, metrics::micros(from, to));
                 }
+                if let (Some(from), Some(to)) = (sent_at, calls::now()) {
+                    shared
+                        .metrics
+                        .record(Histogram::DispatchUs, metrics::micros(from, to));
+                }
                 self.tracker.pick_sent();
                 self.phase = Phase::AwaitingPick {
                     api,
