@@ -8,7 +8,7 @@
 # at the client (`kvsteer-bench --live --chat`).
 #
 #   scripts/bench-peers.sh [--quick] [--workloads LIST] [--targets LIST] [--out DIR]
-#   scripts/bench-peers.sh --overhead
+#   scripts/bench-peers.sh --overhead [--targets LIST] [--rounds N]
 #
 # Without --quick: three workloads (shared-prefix, mixed, multi-turn; or the
 # comma-separated LIST of them; --targets: a subset of kvsteer,
@@ -17,7 +17,10 @@
 # Results: DIR/<workload>.json (+ PNG plots beside it) and a table on stdout.
 # --overhead: the latency each router adds at light load, against the same
 # request sent straight to a worker (workers with a near-zero step time,
-# `kvsteer-bench overhead`, 1,000-token chat prompts, 10 requests/s).
+# `kvsteer-bench overhead`, 1,000-token chat prompts, 10 requests/s); with
+# --rounds N the targets take turns N times (runs drift by as much as the
+# routers differ, so compare targets within a round) and a summary of every
+# round's added p50 ends the output.
 # Routers install into .cache/peers/ (own venvs, ~150 MB each, no torch).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -30,6 +33,7 @@ QUICK=0
 OVERHEAD=0
 WORKLOADS=shared-prefix,mixed,multi-turn
 ONLY_TARGETS=
+ROUNDS=1
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) QUICK=1 ;;
@@ -37,10 +41,12 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift ;;
     --workloads) WORKLOADS=$2; shift ;;
     --targets) ONLY_TARGETS=$2; shift ;;
-    *) die "unknown argument $1 (usage: scripts/bench-peers.sh [--quick] [--workloads LIST] [--targets LIST] [--out DIR] | --overhead)" ;;
+    --rounds) ROUNDS=$2; shift ;;
+    *) die "unknown argument $1 (usage: scripts/bench-peers.sh [--quick] [--workloads LIST] [--targets LIST] [--out DIR] | --overhead [--targets LIST] [--rounds N])" ;;
   esac
   shift
 done
+case $ROUNDS in '' | *[!0-9]* | 0) die "--rounds takes a whole number of at least 1, not '$ROUNDS'" ;; esac
 
 # The workers: three, L40S profile with a 27B FP8 model, compressed in time
 # by TIME_SCALE (engines run that much faster; the bench scales its clock
@@ -56,8 +62,22 @@ SGLANG_PORT=30001
 VLLM_CACHE_PORT=30002
 VLLM_KV_PORT=30003
 
+# Dies naming the process when a port the routers need is taken (a router
+# left over from an earlier run would otherwise fail with its reason only in
+# its log).
+ports_free() {
+  local port holder
+  for port in "$@"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      holder=$(ss -ltnpH "sport = :$port" 2>/dev/null | grep -o 'users:(([^)]*' | head -1)
+      die "127.0.0.1:$port is taken${holder:+ by ${holder#users:((}}: stop it first (a router from an earlier run?)"
+    fi
+  done
+}
+
 start_peers() {
   local w args=()
+  ports_free "$SGLANG_PORT" "$VLLM_CACHE_PORT" "$VLLM_KV_PORT" 30011 30012 30013
   log "starting sglang-router $SGLANG_ROUTER_VERSION (cache_aware, 127.0.0.1:$SGLANG_PORT)"
   .cache/peers/sglang/bin/smg launch --host 127.0.0.1 --port "$SGLANG_PORT" --worker-urls "${WORKERS[@]}" \
     --policy cache_aware --prometheus-host 127.0.0.1 --prometheus-port 30011 \
@@ -92,13 +112,29 @@ if [ "$OVERHEAD" = 1 ]; then
   RUST_LOG=warn KVSTEER_SIM_ARGS="--num-gpu-blocks 32768 --prefix-caching-hash-algo sha256_cbor" \
     start_local_layout test 1 roundrobin
   start_peers
-  for t in kvsteer=http://127.0.0.1:8080 sglang_cache_aware=http://127.0.0.1:$SGLANG_PORT \
-    vllm_cache_aware=http://127.0.0.1:$VLLM_CACHE_PORT vllm_kv_aware=http://127.0.0.1:$VLLM_KV_PORT \
-    envoy_round_robin=http://127.0.0.1:8081; do
-    log "overhead: ${t%%=*} against the worker directly"
-    "$KVSTEER_BIN/kvsteer-bench" overhead --kvsteer "${t#*=}" --baseline "${WORKERS[0]}" \
-      --model "$KVSTEER_MODEL" --prompt-tokens 1000 --rate 10 --requests 300
+  targets=(kvsteer=http://127.0.0.1:8080 sglang_cache_aware=http://127.0.0.1:$SGLANG_PORT
+    vllm_cache_aware=http://127.0.0.1:$VLLM_CACHE_PORT vllm_kv_aware=http://127.0.0.1:$VLLM_KV_PORT
+    round_robin=http://127.0.0.1:8081)
+  chosen=()
+  for t in "${targets[@]}"; do
+    [ -z "$ONLY_TARGETS" ] || case ",$ONLY_TARGETS," in *",${t%%=*},"*) ;; *) continue ;; esac
+    chosen+=("$t")
   done
+  [ ${#chosen[@]} -gt 0 ] || die "--targets $ONLY_TARGETS names none of: ${targets[*]%%=*}"
+  summary=()
+  for round in $(seq 1 "$ROUNDS"); do
+    for t in "${chosen[@]}"; do
+      log "overhead, round $round of $ROUNDS: ${t%%=*} against the worker directly"
+      out=$("$KVSTEER_BIN/kvsteer-bench" overhead --kvsteer "${t#*=}" --baseline "${WORKERS[0]}" \
+        --model "$KVSTEER_MODEL" --prompt-tokens 1000 --rate 10 --requests 300)
+      printf '%s\n' "$out"
+      # The table row: rate, tokens, then p50/p99 through it, direct, added.
+      summary+=("$(awk -v r="$round" -v n="${t%%=*}" '$1 ~ /^[0-9.]+$/ && NF >= 13 {
+        printf "round %s  %-20s added p50 %s ms  p99 %s ms  failed %s\n", r, n, $11, $13, $15 }' <<<"$out")")
+    done
+  done
+  log "added latency, every round (p50 over a direct request to a worker)"
+  printf '%s\n' "${summary[@]}"
   exit 0
 fi
 RUST_LOG=warn KVSTEER_SIM_ARGS="--prefix-caching-hash-algo sha256_cbor" \
