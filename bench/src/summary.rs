@@ -41,6 +41,11 @@ pub struct RunSummary {
     pub slo_attainment_chat: f64,
     /// Requests/min that met 8 s (per request, whatever the p90).
     pub good_requests_rpm: f64,
+    /// Requests/min finished while requests were still arriving (first to
+    /// last arrival): the rate the cluster kept up. `throughput_rps` runs
+    /// to the last finish, so past capacity it reads as the drain of the
+    /// slowest worker's queue.
+    pub served_in_window_rpm: f64,
     /// Median |predicted − observed| TTFT of the chosen worker (s); absent
     /// where nothing was predicted (live runs).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -112,6 +117,19 @@ pub fn summarize(
         1.0
     };
     let throughput = done.len() as f64 / span;
+    let last_arrival = recs
+        .iter()
+        .map(|r| r.arrival)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let served_in_window = if last_arrival > first {
+        let n = done
+            .iter()
+            .filter(|r| r.finished_at.is_some_and(|f| f <= last_arrival))
+            .count();
+        n as f64 / (last_arrival - first) * 60.0
+    } else {
+        0.0
+    };
     let p90 = percentile(&ttft, 90.0);
     let prompt: u64 = done.iter().map(|r| u64::from(r.prompt_tokens)).sum();
     let cached: u64 = done.iter().map(|r| u64::from(r.cached_tokens)).sum();
@@ -174,6 +192,7 @@ pub fn summarize(
         slo_attainment: r6(share(within(SEED_TTFT_P90_S))),
         slo_attainment_chat: r6(share(within(CHAT_TTFT_P90_S))),
         good_requests_rpm: r6(within(SEED_TTFT_P90_S) as f64 / span * 60.0),
+        served_in_window_rpm: r6(served_in_window),
         prediction_error_p50_s: (!errors.is_empty()).then(|| r6(percentile(&errors, 50.0))),
         requests_per_worker: per_worker,
         calibrated_prefill_rates: out.prefill_rates.iter().map(|&r| r6(r).round()).collect(),
@@ -242,5 +261,57 @@ mod tests {
         assert_eq!(s.goodput_chat_rpm, 0.0);
         assert!(s.goodput_rpm > 0.0);
         assert_eq!(s.imbalance_cov, 1.0);
+    }
+
+    fn output(records: Vec<RequestRecord>) -> RunOutput {
+        RunOutput {
+            end_s: records
+                .iter()
+                .filter_map(|r| r.finished_at)
+                .fold(0.0, f64::max),
+            records,
+            preemptions: 0,
+            event_batches: 0,
+            event_errors: 0,
+            steps: 0,
+            prefill_rates: vec![],
+        }
+    }
+
+    /// Arrivals at 0..9 s: what finishes after the last arrival counts in
+    /// the throughput to the last finish, not in the rate kept up.
+    #[test]
+    fn the_served_rate_stops_at_the_last_arrival() {
+        let out = output((0..10).map(|i| rec(0, f64::from(i), 0.5, 2.0)).collect());
+        let s = summarize("w", "p", 60.0, 1, &out);
+        // Finished by 9 s: the arrivals at 0..=7 s, 8 requests in 9 s.
+        assert!((s.served_in_window_rpm - 8.0 / 9.0 * 60.0).abs() < 1e-4);
+        assert!((s.throughput_rps - 10.0 / 11.0).abs() < 1e-6);
+
+        // One worker's queue drains long after the arrivals end: the
+        // throughput to the last finish falls to a quarter, the rate kept
+        // up does not move (those two finished after the last arrival
+        // either way).
+        let mut late = out.records.clone();
+        for r in late.iter_mut().skip(8) {
+            r.worker = 1;
+            r.finished_at = Some(40.0);
+        }
+        let s = summarize("w", "p", 60.0, 2, &output(late));
+        assert!((s.served_in_window_rpm - 8.0 / 9.0 * 60.0).abs() < 1e-4);
+        assert!((s.throughput_rps - 10.0 / 40.0).abs() < 1e-6);
+
+        let mut queued = out.records.clone();
+        for r in queued.iter_mut().skip(4) {
+            r.finished_at = Some(40.0);
+        }
+        let s = summarize("w", "p", 60.0, 1, &output(queued));
+        assert!((s.served_in_window_rpm - 4.0 / 9.0 * 60.0).abs() < 1e-4);
+    }
+
+    #[test]
+    fn one_arrival_has_no_window() {
+        let s = summarize("w", "p", 60.0, 1, &output(vec![rec(0, 0.0, 0.5, 2.0)]));
+        assert_eq!(s.served_in_window_rpm, 0.0);
     }
 }
