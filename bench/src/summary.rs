@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::driver::{RequestRecord, RunOutput};
+use super::workload::Tenant;
 
 /// The seed benchmark's objective: 90 % of first tokens within 8 s.
 pub const SEED_TTFT_P90_S: f64 = 8.0;
@@ -58,6 +59,21 @@ pub struct RunSummary {
     pub kv_event_errors: u64,
     pub engine_steps: u64,
     pub simulated_s: f64,
+    /// The same figures per sender, when a run has more than one (`mixed`):
+    /// where a policy wins or loses cache hits.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub by_tenant: Vec<TenantSummary>,
+}
+
+/// One sender's requests in a run with several.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TenantSummary {
+    pub tenant: &'static str,
+    pub requests: u64,
+    pub ttft_p50_s: f64,
+    pub ttft_p90_s: f64,
+    /// Cached prompt tokens / prompt tokens, over its finished requests.
+    pub cache_hit_rate: f64,
 }
 
 /// Nearest-rank percentile of sorted values (0 when empty).
@@ -201,7 +217,50 @@ pub fn summarize(
         kv_event_errors: out.event_errors,
         engine_steps: out.steps,
         simulated_s: r6(out.end_s),
+        by_tenant: by_tenant(&recs),
     }
+}
+
+/// Per-sender figures, empty when every request has the same sender.
+fn by_tenant(recs: &[&RequestRecord]) -> Vec<TenantSummary> {
+    let mut tenants: Vec<Tenant> = recs.iter().map(|r| r.tenant).collect();
+    tenants.sort();
+    tenants.dedup();
+    if tenants.len() < 2 {
+        return Vec::new();
+    }
+    tenants
+        .into_iter()
+        .map(|tenant| {
+            let mine: Vec<&RequestRecord> = recs
+                .iter()
+                .copied()
+                .filter(|r| r.tenant == tenant)
+                .collect();
+            let done = mine.iter().filter(|r| r.finished_at.is_some());
+            let (prompt, cached) = done.clone().fold((0u64, 0u64), |(p, c), r| {
+                (
+                    p + u64::from(r.prompt_tokens),
+                    c + u64::from(r.cached_tokens),
+                )
+            });
+            let ttft = sorted(
+                done.filter_map(|r| Some(r.first_token_at? - r.arrival))
+                    .collect(),
+            );
+            TenantSummary {
+                tenant: tenant.as_str(),
+                requests: mine.len() as u64,
+                ttft_p50_s: r6(percentile(&ttft, 50.0)),
+                ttft_p90_s: r6(percentile(&ttft, 90.0)),
+                cache_hit_rate: r6(if prompt > 0 {
+                    cached as f64 / prompt as f64
+                } else {
+                    0.0
+                }),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -307,6 +366,30 @@ mod tests {
         }
         let s = summarize("w", "p", 60.0, 1, &output(queued));
         assert!((s.served_in_window_rpm - 4.0 / 9.0 * 60.0).abs() < 1e-4);
+    }
+
+    #[test]
+    fn senders_are_summarized_apart_only_when_mixed() {
+        let mut records: Vec<RequestRecord> =
+            (0..4).map(|i| rec(0, f64::from(i), 0.5, 2.0)).collect();
+        assert!(
+            summarize("w", "p", 60.0, 1, &output(records.clone()))
+                .by_tenant
+                .is_empty()
+        );
+        for r in records.iter_mut().skip(2) {
+            r.tenant = Tenant::Rag;
+            r.cached_tokens = 0;
+            r.first_token_at = Some(r.arrival + 3.0);
+        }
+        let s = summarize("w", "p", 60.0, 1, &output(records));
+        let names: Vec<&str> = s.by_tenant.iter().map(|t| t.tenant).collect();
+        assert_eq!(names, ["chat", "rag"]);
+        let (chat, rag) = (&s.by_tenant[0], &s.by_tenant[1]);
+        assert_eq!((chat.requests, rag.requests), (2, 2));
+        assert_eq!((chat.cache_hit_rate, rag.cache_hit_rate), (0.5, 0.0));
+        assert_eq!((chat.ttft_p90_s, rag.ttft_p90_s), (0.5, 3.0));
+        assert_eq!(s.cache_hit_rate, 0.25);
     }
 
     #[test]

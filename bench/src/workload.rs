@@ -46,6 +46,17 @@ pub enum Tenant {
     Trace,
 }
 
+impl Tenant {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Chat => "chat",
+            Self::Rag => "rag",
+            Self::Agent => "agent",
+            Self::Trace => "trace",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum PromptSpec {
     /// Group prefix + the user's question.
