@@ -46,7 +46,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case $ROUNDS in '' | *[!0-9]* | 0) die "--rounds takes a whole number of at least 1, not '$ROUNDS'" ;; esac
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "--rounds takes a whole number of at least 1, not '$ROUNDS'"
 
 # The workers: three, L40S profile with a 27B FP8 model, compressed in time
 # by TIME_SCALE (engines run that much faster; the bench scales its clock
@@ -69,7 +69,7 @@ ports_free() {
   local port holder
   for port in "$@"; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      holder=$(ss -ltnpH "sport = :$port" 2>/dev/null | grep -o 'users:(([^)]*' | head -1)
+      holder=$(ss -ltnpH "sport = :$port" 2>/dev/null | grep -o 'users:(([^)]*' | head -1 || true)
       die "127.0.0.1:$port is taken${holder:+ by ${holder#users:((}}: stop it first (a router from an earlier run?)"
     fi
   done
@@ -125,9 +125,10 @@ if [ "$OVERHEAD" = 1 ]; then
   for round in $(seq 1 "$ROUNDS"); do
     for t in "${chosen[@]}"; do
       log "overhead, round $round of $ROUNDS: ${t%%=*} against the worker directly"
+      # Shown as it comes (tee) and kept for the summary; a failed run stops
+      # the script, as a failed target should.
       out=$("$KVSTEER_BIN/kvsteer-bench" overhead --kvsteer "${t#*=}" --baseline "${WORKERS[0]}" \
-        --model "$KVSTEER_MODEL" --prompt-tokens 1000 --rate 10 --requests 300)
-      printf '%s\n' "$out"
+        --model "$KVSTEER_MODEL" --prompt-tokens 1000 --rate 10 --requests 300 | tee /dev/stderr)
       # The table row: rate, tokens, then p50/p99 through it, direct, added.
       summary+=("$(awk -v r="$round" -v n="${t%%=*}" '$1 ~ /^[0-9.]+$/ && NF >= 13 {
         printf "round %s  %-20s added p50 %s ms  p99 %s ms  failed %s\n", r, n, $11, $13, $15 }' <<<"$out")")
