@@ -103,6 +103,23 @@ start_peers() {
   wait_http "http://127.0.0.1:$VLLM_KV_PORT/health" "vllm-router (kv_aware)"
 }
 
+# The targets (--targets: a subset), for the live runs and --overhead alike.
+TARGETS=(
+  kvsteer=http://127.0.0.1:8080
+  sglang_cache_aware=http://127.0.0.1:$SGLANG_PORT
+  vllm_cache_aware=http://127.0.0.1:$VLLM_CACHE_PORT
+  vllm_kv_aware=http://127.0.0.1:$VLLM_KV_PORT
+  round_robin=http://127.0.0.1:8081
+)
+if [ -n "$ONLY_TARGETS" ]; then
+  chosen=()
+  for t in "${TARGETS[@]}"; do
+    case ",$ONLY_TARGETS," in *",${t%%=*},"*) chosen+=("$t") ;; esac
+  done
+  [ ${#chosen[@]} -gt 0 ] || die "--targets $ONLY_TARGETS names none of: ${TARGETS[*]%%=*}"
+  TARGETS=("${chosen[@]}")
+fi
+
 ensure_local_layout_tools
 install_peer sglang "sglang-router==$SGLANG_ROUTER_VERSION" smg
 install_peer vllm-router "vllm-router==$VLLM_ROUTER_VERSION" vllm-router
@@ -112,18 +129,9 @@ if [ "$OVERHEAD" = 1 ]; then
   RUST_LOG=warn KVSTEER_SIM_ARGS="--num-gpu-blocks 32768 --prefix-caching-hash-algo sha256_cbor" \
     start_local_layout test 1 roundrobin
   start_peers
-  targets=(kvsteer=http://127.0.0.1:8080 sglang_cache_aware=http://127.0.0.1:$SGLANG_PORT
-    vllm_cache_aware=http://127.0.0.1:$VLLM_CACHE_PORT vllm_kv_aware=http://127.0.0.1:$VLLM_KV_PORT
-    round_robin=http://127.0.0.1:8081)
-  chosen=()
-  for t in "${targets[@]}"; do
-    [ -z "$ONLY_TARGETS" ] || case ",$ONLY_TARGETS," in *",${t%%=*},"*) ;; *) continue ;; esac
-    chosen+=("$t")
-  done
-  [ ${#chosen[@]} -gt 0 ] || die "--targets $ONLY_TARGETS names none of: ${targets[*]%%=*}"
   summary=()
   for round in $(seq 1 "$ROUNDS"); do
-    for t in "${chosen[@]}"; do
+    for t in "${TARGETS[@]}"; do
       log "overhead, round $round of $ROUNDS: ${t%%=*} against the worker directly"
       # Shown as it comes (tee) and kept for the summary; a failed run stops
       # the script, as a failed target should.
@@ -143,21 +151,6 @@ RUST_LOG=warn KVSTEER_SIM_ARGS="--prefix-caching-hash-algo sha256_cbor" \
 start_peers
 mkdir -p "$OUT"
 
-TARGETS=(
-  kvsteer=http://127.0.0.1:8080
-  sglang_cache_aware=http://127.0.0.1:$SGLANG_PORT
-  vllm_cache_aware=http://127.0.0.1:$VLLM_CACHE_PORT
-  vllm_kv_aware=http://127.0.0.1:$VLLM_KV_PORT
-  round_robin=http://127.0.0.1:8081
-)
-if [ -n "$ONLY_TARGETS" ]; then
-  chosen=()
-  for t in "${TARGETS[@]}"; do
-    case ",$ONLY_TARGETS," in *",${t%%=*},"*) chosen+=("$t") ;; esac
-  done
-  [ ${#chosen[@]} -gt 0 ] || die "--targets $ONLY_TARGETS names none of: ${TARGETS[*]%%=*}"
-  TARGETS=("${chosen[@]}")
-fi
 
 # run NAME RATES BENCH-ARGS…: one workload, every target at every rate.
 run() {

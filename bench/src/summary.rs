@@ -90,6 +90,29 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v
 }
 
+/// The TTFTs of `done` (finished requests), sorted.
+fn ttfts<'a>(done: impl Iterator<Item = &'a RequestRecord>) -> Vec<f64> {
+    sorted(
+        done.filter_map(|r| Some(r.first_token_at? - r.arrival))
+            .collect(),
+    )
+}
+
+/// Cached prompt tokens / prompt tokens over `done` (0 without prompts).
+fn hit_rate<'a>(done: impl Iterator<Item = &'a RequestRecord>) -> f64 {
+    let (prompt, cached) = done.fold((0u64, 0u64), |(p, c), r| {
+        (
+            p + u64::from(r.prompt_tokens),
+            c + u64::from(r.cached_tokens),
+        )
+    });
+    if prompt > 0 {
+        cached as f64 / prompt as f64
+    } else {
+        0.0
+    }
+}
+
 /// Rounds to 6 significant decimals so the JSON is stable and readable.
 fn r6(x: f64) -> f64 {
     if x.is_finite() {
@@ -112,11 +135,7 @@ pub fn summarize(
         .copied()
         .filter(|r| r.finished_at.is_some())
         .collect();
-    let ttft = sorted(
-        done.iter()
-            .filter_map(|r| Some(r.first_token_at? - r.arrival))
-            .collect(),
-    );
+    let ttft = ttfts(done.iter().copied());
     let e2e = sorted(
         done.iter()
             .filter_map(|r| Some(r.finished_at? - r.arrival))
@@ -147,8 +166,6 @@ pub fn summarize(
         0.0
     };
     let p90 = percentile(&ttft, 90.0);
-    let prompt: u64 = done.iter().map(|r| u64::from(r.prompt_tokens)).sum();
-    let cached: u64 = done.iter().map(|r| u64::from(r.cached_tokens)).sum();
     let mut per_worker = vec![0u64; workers];
     for r in recs.iter().filter(|r| !r.rejected) {
         if let Some(c) = per_worker.get_mut(r.worker) {
@@ -194,11 +211,7 @@ pub fn summarize(
         } else {
             0.0
         }),
-        cache_hit_rate: r6(if prompt > 0 {
-            cached as f64 / prompt as f64
-        } else {
-            0.0
-        }),
+        cache_hit_rate: r6(hit_rate(done.iter().copied())),
         imbalance_cov: r6(if mean > 0.0 { var.sqrt() / mean } else { 0.0 }),
         completed: done.len() as u64,
         rejected: recs.iter().filter(|r| r.rejected).count() as u64,
@@ -237,27 +250,14 @@ fn by_tenant(recs: &[&RequestRecord]) -> Vec<TenantSummary> {
                 .copied()
                 .filter(|r| r.tenant == tenant)
                 .collect();
-            let done = mine.iter().filter(|r| r.finished_at.is_some());
-            let (prompt, cached) = done.clone().fold((0u64, 0u64), |(p, c), r| {
-                (
-                    p + u64::from(r.prompt_tokens),
-                    c + u64::from(r.cached_tokens),
-                )
-            });
-            let ttft = sorted(
-                done.filter_map(|r| Some(r.first_token_at? - r.arrival))
-                    .collect(),
-            );
+            let done = || mine.iter().copied().filter(|r| r.finished_at.is_some());
+            let ttft = ttfts(done());
             TenantSummary {
                 tenant: tenant.as_str(),
                 requests: mine.len() as u64,
                 ttft_p50_s: r6(percentile(&ttft, 50.0)),
                 ttft_p90_s: r6(percentile(&ttft, 90.0)),
-                cache_hit_rate: r6(if prompt > 0 {
-                    cached as f64 / prompt as f64
-                } else {
-                    0.0
-                }),
+                cache_hit_rate: r6(hit_rate(done())),
             }
         })
         .collect()
@@ -266,7 +266,6 @@ fn by_tenant(recs: &[&RequestRecord]) -> Vec<TenantSummary> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::Tenant;
 
     fn rec(worker: usize, arrival: f64, ttft: f64, e2e: f64) -> RequestRecord {
         RequestRecord {
@@ -294,17 +293,11 @@ mod tests {
 
     #[test]
     fn goodput_needs_the_objective() {
-        let mut out = RunOutput {
-            records: (0..10)
+        let mut out = output(
+            (0..10)
                 .map(|i| rec(i % 2, f64::from(i as u32), 0.5, 2.0))
                 .collect(),
-            preemptions: 0,
-            event_batches: 0,
-            event_errors: 0,
-            steps: 0,
-            end_s: 11.0,
-            prefill_rates: vec![],
-        };
+        );
         let s = summarize("w", "p", 60.0, 2, &out);
         assert_eq!(s.requests, 10);
         assert_eq!(s.cache_hit_rate, 0.5);

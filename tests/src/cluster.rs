@@ -381,15 +381,8 @@ impl Cluster {
     /// An Envoy stat by its full name (`wasmcustom.kvsteer_filter_steered`,
     /// `cluster.kvsteer_indexer.upstream_rq_active`); 0 when absent.
     pub async fn envoy_stat(&self, name: &str) -> anyhow::Result<u64> {
-        let text = self
-            .client
-            .get("http://127.0.0.1:9901/stats")
-            .query(&[("filter", format!("^{}$", name.replace('.', "\\.")))])
-            .send()
-            .await?
-            .error_for_status()?
-            .text()
-            .await?;
+        let filter = format!("^{}$", name.replace('.', "\\."));
+        let text = self.envoy_stats(&[("filter", &filter)]).await?;
         Ok(text
             .lines()
             .filter_map(|l| l.split_once(": "))
@@ -403,13 +396,7 @@ impl Cluster {
     /// Envoy's first stats flush has merged the workers' samples.
     pub async fn envoy_histogram(&self, name: &str) -> anyhow::Result<(u64, f64)> {
         let text = self
-            .client
-            .get("http://127.0.0.1:9901/stats")
-            .query(&[("format", "prometheus"), ("filter", name)])
-            .send()
-            .await?
-            .error_for_status()?
-            .text()
+            .envoy_stats(&[("format", "prometheus"), ("filter", name)])
             .await?;
         let value = |suffix: &str| {
             let key = format!("{name}_{suffix}");
@@ -422,6 +409,19 @@ impl Cluster {
             value("count").unwrap_or(0.0) as u64,
             value("sum").unwrap_or(0.0),
         ))
+    }
+
+    /// Envoy's admin `/stats` with `query`.
+    async fn envoy_stats(&self, query: &[(&str, &str)]) -> anyhow::Result<String> {
+        Ok(self
+            .client
+            .get("http://127.0.0.1:9901/stats")
+            .query(query)
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?)
     }
 
     /// The sum of the indexer's `/metrics` samples named `name` whose labels
