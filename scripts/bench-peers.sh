@@ -133,10 +133,11 @@ if [ "$OVERHEAD" = 1 ]; then
   for round in $(seq 1 "$ROUNDS"); do
     for t in "${TARGETS[@]}"; do
       log "overhead, round $round of $ROUNDS: ${t%%=*} against the worker directly"
-      # Shown as it comes (tee) and kept for the summary; a failed run stops
-      # the script, as a failed target should.
+      # Shown as it comes (tee; appending, so a log file that stderr goes
+      # to is not truncated each round) and kept for the summary; a failed
+      # run stops the script, as a failed target should.
       out=$("$KVSTEER_BIN/kvsteer-bench" overhead --kvsteer "${t#*=}" --baseline "${WORKERS[0]}" \
-        --model "$KVSTEER_MODEL" --prompt-tokens 1000 --rate 10 --requests 300 | tee /dev/stderr)
+        --model "$KVSTEER_MODEL" --prompt-tokens 1000 --rate 10 --requests 300 | tee -a /dev/stderr)
       # The table row: rate, tokens, then p50/p99 through it, direct, added.
       summary+=("$(awk -v r="$round" -v n="${t%%=*}" '$1 ~ /^[0-9.]+$/ && NF >= 13 {
         printf "round %s  %-20s added p50 %s ms  p99 %s ms  failed %s\n", r, n, $11, $13, $15 }' <<<"$out")")
