@@ -29,6 +29,15 @@ pub const MAX_TENANT_BYTES: usize = 128;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 pub const DEFAULT_REPORT: bool = true;
+/// How long picks ride one `PickStream` before it is replaced (so streams
+/// spread over indexer replicas that came up later).
+pub const DEFAULT_PICK_STREAM_MAX_AGE_MS: u64 = 60_000;
+/// `PickStream`s per Envoy worker: each goes to the replica the indexer
+/// cluster's load balancer chose for it.
+pub const DEFAULT_PICK_STREAMS: usize = 2;
+pub const MAX_PICK_STREAMS: usize = 16;
+/// Accepted stream ages (besides 0, no stream).
+pub const PICK_STREAM_MAX_AGE_RANGE_MS: std::ops::RangeInclusive<u64> = 1_000..=3_600_000;
 
 /// Longest accepted indexer timeout: a pick slower than this costs more than it saves.
 pub const MAX_TIMEOUT_MS: u64 = 10_000;
@@ -72,6 +81,15 @@ pub struct FilterConfig {
     pub destination_header: String,
     /// Send first-token / done / cancelled reports to the indexer.
     pub report: bool,
+    /// Picks go as messages on one long-lived `PickStream` per Envoy
+    /// worker, replaced after this many milliseconds; 0: every pick is its
+    /// own unary `Pick` call. Picks take the unary call anyway while no
+    /// stream is open (the first ones, an indexer without `PickStream`).
+    pub pick_stream_max_age_ms: u64,
+    /// Streams per Envoy worker, taken in turn: a worker's picks spread
+    /// over at most this many indexer replicas at a time (rotation moves
+    /// them). At least the replica count spreads them evenly.
+    pub pick_streams: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +116,8 @@ impl Default for FilterConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             destination_header: DEFAULT_DESTINATION_HEADER.to_owned(),
             report: DEFAULT_REPORT,
+            pick_stream_max_age_ms: DEFAULT_PICK_STREAM_MAX_AGE_MS,
+            pick_streams: DEFAULT_PICK_STREAMS,
         }
     }
 }
@@ -131,6 +151,26 @@ impl FilterConfig {
                 format!(
                     "must be within 1..={MAX_TIMEOUT_MS}, got {}",
                     self.timeout_ms
+                ),
+            ));
+        }
+        let age = self.pick_stream_max_age_ms;
+        if age != 0 && !PICK_STREAM_MAX_AGE_RANGE_MS.contains(&age) {
+            return Err(invalid(
+                "pick_stream_max_age_ms",
+                format!(
+                    "must be 0 (no stream) or within {}..={}, got {age}",
+                    PICK_STREAM_MAX_AGE_RANGE_MS.start(),
+                    PICK_STREAM_MAX_AGE_RANGE_MS.end()
+                ),
+            ));
+        }
+        if !(1..=MAX_PICK_STREAMS).contains(&self.pick_streams) {
+            return Err(invalid(
+                "pick_streams",
+                format!(
+                    "must be within 1..={MAX_PICK_STREAMS}, got {}",
+                    self.pick_streams
                 ),
             ));
         }
@@ -251,7 +291,8 @@ mod tests {
         let json = r#"{"indexer_cluster": "idx", "timeout_ms": 50,
             "paths": ["/v1/chat/completions", "/openai/v1/completions"],
             "tenant_header": "x-team", "trust_tenant_header": true,
-            "max_body_bytes": 1024, "destination_header": "x-dest", "report": false}"#;
+            "max_body_bytes": 1024, "destination_header": "x-dest", "report": false,
+            "pick_stream_max_age_ms": 0, "pick_streams": 3}"#;
         let config = FilterConfig::from_json(json.as_bytes()).unwrap();
         assert_eq!(config.indexer_cluster, "idx");
         assert_eq!(config.timeout_ms, 50);
@@ -266,6 +307,8 @@ mod tests {
         assert_eq!(config.max_body_bytes, 1024);
         assert_eq!(config.destination_header, "x-dest");
         assert!(!config.report);
+        assert_eq!(config.pick_stream_max_age_ms, 0);
+        assert_eq!(config.pick_streams, 3);
     }
 
     #[test]
@@ -326,5 +369,9 @@ mod tests {
         );
         assert!(reason(r#"{"max_body_bytes": 0}"#).contains("max_body_bytes"));
         assert!(reason(r#"{"max_body_bytes": 1000000000}"#).contains("max_body_bytes"));
+        assert!(reason(r#"{"pick_stream_max_age_ms": 999}"#).contains("pick_stream_max_age_ms"));
+        assert!(reason(r#"{"pick_stream_max_age_ms": 3600001}"#).contains("0 (no stream)"));
+        assert!(reason(r#"{"pick_streams": 0}"#).contains("pick_streams"));
+        assert!(reason(r#"{"pick_streams": 17}"#).contains("1..=16"));
     }
 }

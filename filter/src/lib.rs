@@ -3,7 +3,8 @@
 //! A request's way through the filter, module by module:
 //! [`admission`] (headers: strip, buffer or pass; does the body look like
 //! JSON) → [`openai`] (body → `PickRequest`, keyed by a [`pick_id`] of the
-//! filter's own) → the indexer's `Pick` over gRPC → [`pick`] (answer →
+//! filter's own) → the indexer's pick over gRPC, a message on the Envoy
+//! worker's long-lived stream ([`pick_stream`]) or a unary `Pick` call → [`pick`] (answer →
 //! destination header, new body or local reply) → Envoy's override_host load
 //! balancer → the worker → [`first_output`] (the stream's first generated
 //! output), [`usage`] and [`report`] (first token, done or cancelled) →
@@ -25,6 +26,7 @@ pub mod openai;
 pub mod outbox;
 pub mod pick;
 pub mod pick_id;
+pub mod pick_stream;
 pub mod report;
 pub mod retry;
 pub mod usage;

@@ -44,20 +44,25 @@ pub enum Counter {
     ReportSent,
     /// Reports that could not be dispatched or came back with an error.
     ReportFailed,
+    /// Picks sent as messages on the `PickStream` (the rest: unary calls).
+    PickStreamed,
+    /// `PickStream` streams opened (the first, replacements, rotations).
+    PickStreamOpened,
 }
 
 /// Every histogram the filter records, in microseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Histogram {
-    /// From the buffered body to the `Pick` message: body copy, JSON parse,
-    /// field extraction and proto encoding inside the VM.
+    /// From the buffered body to the pick built: body copy, JSON parse and
+    /// field extraction inside the VM (its encoding is part of the send).
     PrepareUs,
     /// From the `Pick` dispatch to its answer: Envoy's gRPC client, the
     /// network and the indexer's pick.
     PickUs,
-    /// The part of [`Self::PickUs`] spent inside Envoy's dispatch call:
-    /// the call's HTTP/2 stream set up, routed to the indexer cluster, its
-    /// headers and message encoded.
+    /// The part of [`Self::PickUs`] spent inside the host call that sends
+    /// the pick: for a unary call Envoy's `dispatch_grpc_call` (the call's
+    /// HTTP/2 stream set up, routed to the indexer cluster, its headers and
+    /// message encoded); on the `PickStream` the message send alone.
     DispatchUs,
 }
 
@@ -122,7 +127,7 @@ impl FailOpenReason {
 // === impl Counter ===
 
 impl Counter {
-    pub const COUNT: usize = 4 + FailOpenReason::ALL.len();
+    pub const COUNT: usize = 6 + FailOpenReason::ALL.len();
 
     /// All counters, in index order.
     pub fn all() -> impl Iterator<Item = Self> {
@@ -131,6 +136,8 @@ impl Counter {
             Self::Rejected,
             Self::ReportSent,
             Self::ReportFailed,
+            Self::PickStreamed,
+            Self::PickStreamOpened,
         ]
         .into_iter()
         .chain(FailOpenReason::ALL.into_iter().map(Self::FailOpen))
@@ -143,8 +150,10 @@ impl Counter {
             Self::Rejected => 1,
             Self::ReportSent => 2,
             Self::ReportFailed => 3,
+            Self::PickStreamed => 4,
+            Self::PickStreamOpened => 5,
             Self::FailOpen(reason) => {
-                4 + FailOpenReason::ALL
+                6 + FailOpenReason::ALL
                     .iter()
                     .position(|r| *r == reason)
                     .unwrap_or_default()
@@ -159,6 +168,8 @@ impl Counter {
             Self::Rejected => "kvsteer_filter_rejected".to_owned(),
             Self::ReportSent => "kvsteer_filter_report_sent".to_owned(),
             Self::ReportFailed => "kvsteer_filter_report_failed".to_owned(),
+            Self::PickStreamed => "kvsteer_filter_pick_streamed".to_owned(),
+            Self::PickStreamOpened => "kvsteer_filter_pick_stream_opened".to_owned(),
             Self::FailOpen(reason) => format!("kvsteer_filter_failopen.{}", reason.as_str()),
         }
     }

@@ -305,6 +305,7 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
     }
     let service = RouterService::new(picker.clone(), replica.clone())
         .with_tenancy(tenancy)
+        .with_shutdown(shutdown_rx.clone())
         .into_server()
         .max_decoding_message_size(cfg.grpc.max_message_bytes);
     let mut server = tonic::transport::Server::builder();

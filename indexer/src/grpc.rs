@@ -28,7 +28,10 @@ use std::{
     sync::Arc,
     time::{Duration, Instant},
 };
-use tonic::{Request, Response, Status, metadata::MetadataMap};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status, Streaming, metadata::MetadataMap};
+
+mod stream;
 
 #[derive(Clone)]
 pub struct RouterService {
@@ -37,6 +40,10 @@ pub struct RouterService {
     replica: String,
     /// Tenant isolation and budgets; `None`: neither.
     tenancy: Option<Arc<Tenancy>>,
+    /// Turns true when the indexer shuts down: pick streams stop taking
+    /// picks, answer those in flight and end cleanly (the filter opens its
+    /// next stream elsewhere) instead of holding the server's drain.
+    shutdown: Option<watch::Receiver<bool>>,
 }
 
 /// A budget reservation of a pick still being answered: given back (as
@@ -78,7 +85,14 @@ impl RouterService {
             picker,
             replica,
             tenancy: None,
+            shutdown: None,
         }
+    }
+
+    /// Ends pick streams cleanly once `shutdown` turns true.
+    pub fn with_shutdown(mut self, shutdown: watch::Receiver<bool>) -> Self {
+        self.shutdown = Some(shutdown);
+        self
     }
 
     /// Enforces tenant isolation and budgets at every pick.
@@ -89,6 +103,101 @@ impl RouterService {
 
     pub fn into_server(self) -> RouterServer<Self> {
         RouterServer::new(self)
+    }
+
+    /// Answers one pick, for the unary call and the stream alike; commits
+    /// it as its last step unless `deadline` has passed. Dropping the
+    /// future before then (the caller went away) commits nothing.
+    pub(crate) async fn answer(
+        &self,
+        req: pb::PickRequest,
+        deadline: Option<Instant>,
+    ) -> Result<pb::PickResponse, Status> {
+        let abandon = Abandon::new(self.picker.metrics(), deadline);
+        let tenancy = self.tenancy.clone();
+        let mut input = pick_input(&req);
+        let mut salt = None;
+        if let Some(t) = &tenancy {
+            if let Err(refusal) = t.check_tenant(&req.tenant) {
+                abandon.disarm();
+                return Ok(refusal_response(refusal, &self.replica));
+            }
+            salt = t.salt(&req.tenant, &req.model, input.cache_salt.as_deref());
+            if salt.is_some() {
+                input.cache_salt.clone_from(&salt);
+            }
+        }
+        let mut out = self.picker.pick(input, Mode::Deferred).await;
+        tracing::debug!(
+            request_id = %req.request_id,
+            client_request_id = %req.client_request_id,
+            model = %req.model,
+            worker = %out.decision.worker,
+            prompt_tokens = out.decision.prompt_tokens,
+            matched_tokens = out.decision.matched_tokens,
+            predicted_ttft_ms = out.decision.predicted_ttft_ms,
+            degraded = out.decision.degraded,
+            "pick"
+        );
+        // Over budget: refused whether or not a worker was chosen (a
+        // request left to Envoy's fallback would reach a worker too).
+        let mut reserved = None;
+        if let Some(t) = &tenancy {
+            let admitted = t
+                .admit(
+                    &req.request_id,
+                    &req.tenant,
+                    &req.model,
+                    out.decision.prompt_tokens,
+                    req.max_tokens,
+                )
+                .await;
+            if let Err(refusal) = admitted {
+                abandon.disarm();
+                tracing::debug!(request_id = %req.request_id, status = refusal.status, "pick refused by the tenant's budget");
+                return Ok(refusal_response(refusal, &self.replica));
+            }
+            reserved = Some(Reserved {
+                tenancy: t.clone(),
+                request_id: req.request_id.clone(),
+                armed: true,
+            });
+        }
+        let response = |out: Outcome| {
+            let mut r = pick_response(out, &self.replica);
+            r.cache_salt = salt.clone().unwrap_or_default();
+            r
+        };
+        // Nothing to commit (no choice): the answer is all there is. The
+        // request still goes upstream (Envoy's fallback) but no report will
+        // come: it keeps its whole reservation and frees its slot now.
+        let Some(placement) = out.placement.take() else {
+            abandon.disarm();
+            if let Some(mut r) = reserved {
+                r.armed = false;
+                let used_tokens = None;
+                r.tenancy
+                    .settle(&r.request_id, Ending::Done { used_tokens })
+                    .await;
+            }
+            return Ok(response(out));
+        };
+        if !abandon.expired() {
+            // Where a reset stream (the caller gone) drops this future.
+            tokio::task::yield_now().await;
+        }
+        if abandon.expired() {
+            tracing::debug!(request_id = %req.request_id, "pick past its deadline: not committed");
+            return Err(Status::deadline_exceeded(
+                "pick took longer than the call's grpc-timeout",
+            ));
+        }
+        abandon.disarm();
+        if let Some(mut r) = reserved {
+            r.armed = false;
+        }
+        self.picker.commit(placement);
+        Ok(response(out))
     }
 }
 
@@ -119,6 +228,7 @@ pub fn pick_response(out: Outcome, replica: &str) -> pb::PickResponse {
         rejection: None,
         replica: replica.to_owned(),
         cache_salt: String::new(),
+        request_id: String::new(),
     }
 }
 
@@ -204,92 +314,21 @@ impl Router for RouterService {
         // From here: the body is in, so the caller's clock started a little
         // earlier (tonic's own timeout counts from the headers).
         let deadline = grpc_timeout(request.metadata()).map(|t| Instant::now() + t);
-        let abandon = Abandon::new(self.picker.metrics(), deadline);
-        let req = request.into_inner();
-        let tenancy = self.tenancy.clone();
-        let mut input = pick_input(&req);
-        let mut salt = None;
-        if let Some(t) = &tenancy {
-            if let Err(refusal) = t.check_tenant(&req.tenant) {
-                abandon.disarm();
-                return Ok(Response::new(refusal_response(refusal, &self.replica)));
-            }
-            salt = t.salt(&req.tenant, &req.model, input.cache_salt.as_deref());
-            if salt.is_some() {
-                input.cache_salt.clone_from(&salt);
-            }
-        }
-        let mut out = self.picker.pick(input, Mode::Deferred).await;
-        tracing::debug!(
-            request_id = %req.request_id,
-            client_request_id = %req.client_request_id,
-            model = %req.model,
-            worker = %out.decision.worker,
-            prompt_tokens = out.decision.prompt_tokens,
-            matched_tokens = out.decision.matched_tokens,
-            predicted_ttft_ms = out.decision.predicted_ttft_ms,
-            degraded = out.decision.degraded,
-            "pick"
-        );
-        // Over budget: refused whether or not a worker was chosen (a
-        // request left to Envoy's fallback would reach a worker too).
-        let mut reserved = None;
-        if let Some(t) = &tenancy {
-            let admitted = t
-                .admit(
-                    &req.request_id,
-                    &req.tenant,
-                    &req.model,
-                    out.decision.prompt_tokens,
-                    req.max_tokens,
-                )
-                .await;
-            if let Err(refusal) = admitted {
-                abandon.disarm();
-                tracing::debug!(request_id = %req.request_id, status = refusal.status, "pick refused by the tenant's budget");
-                return Ok(Response::new(refusal_response(refusal, &self.replica)));
-            }
-            reserved = Some(Reserved {
-                tenancy: t.clone(),
-                request_id: req.request_id.clone(),
-                armed: true,
-            });
-        }
-        let response = |out: Outcome| {
-            let mut r = pick_response(out, &self.replica);
-            r.cache_salt = salt.clone().unwrap_or_default();
-            r
-        };
-        // Nothing to commit (no choice): the answer is all there is. The
-        // request still goes upstream (Envoy's fallback) but no report will
-        // come: it keeps its whole reservation and frees its slot now.
-        let Some(placement) = out.placement.take() else {
-            abandon.disarm();
-            if let Some(mut r) = reserved {
-                r.armed = false;
-                let used_tokens = None;
-                r.tenancy
-                    .settle(&r.request_id, Ending::Done { used_tokens })
-                    .await;
-            }
-            return Ok(Response::new(response(out)));
-        };
-        if !abandon.expired() {
-            // Where a reset stream (the caller gone) drops this future.
-            tokio::task::yield_now().await;
-        }
-        if abandon.expired() {
-            tracing::debug!(request_id = %req.request_id, "pick past its deadline: not committed");
-            return Err(Status::deadline_exceeded(
-                "pick took longer than the call's grpc-timeout",
-            ));
-        }
-        abandon.disarm();
-        if let Some(mut r) = reserved {
-            r.armed = false;
-        }
-        self.picker.commit(placement);
-        Ok(Response::new(response(out)))
+        self.answer(request.into_inner(), deadline)
+            .await
+            .map(Response::new)
+    }
+
+    type PickStreamStream = stream::Answers;
+
+    async fn pick_stream(
+        &self,
+        request: Request<Streaming<pb::PickStreamRequest>>,
+    ) -> Result<Response<Self::PickStreamStream>, Status> {
+        Ok(Response::new(stream::serve(
+            self.clone(),
+            request.into_inner(),
+        )))
     }
 
     async fn report(

@@ -111,6 +111,8 @@ pub struct Metrics {
     pub prefill_rate: Family<WorkerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Picks answered (or not) but not recorded in the ledger, by reason.
     pub pick_abandoned: Family<AbandonLabels, Counter>,
+    /// `PickStream` streams open now (the filter keeps a few per Envoy worker).
+    pub pick_streams: Gauge,
     /// Reports that matched no ledger entry (or a finished one), by kind.
     pub reports_unmatched: Family<KindLabels, Counter>,
     pub ledger_entries: Gauge,
@@ -185,6 +187,7 @@ impl Metrics {
             worker_up: Family::default(),
             prefill_rate: Family::default(),
             pick_abandoned: Family::default(),
+            pick_streams: Gauge::default(),
             reports_unmatched: Family::default(),
             ledger_entries: Gauge::default(),
             ledger_tombstones: Gauge::default(),
@@ -337,6 +340,11 @@ impl Metrics {
             "pick_abandoned",
             "Picks not recorded in flight: deadline passed, caller gone, or terminal report first",
             m.pick_abandoned.clone(),
+        );
+        r.register(
+            "pick_streams",
+            "PickStream streams open (picks as messages on long-lived streams, a few per Envoy worker)",
+            m.pick_streams.clone(),
         );
         r.register(
             "reports_unmatched",

@@ -1,6 +1,8 @@
 //! The request ledger under faults, through the real tonic server over
 //! loopback: reports that overtake their pick, callers that go away or run
-//! out of time while their pick is tokenized, and single-report responses.
+//! out of time while their pick is tokenized, and single-report responses;
+//! the same faults for picks on a `PickStream` (cancel message, stream
+//! reset, per-pick timeout, half-close).
 //!
 //! A slow pick is a real slow tokenization: the model's chat template
 //! spins `N` × 10,000 loop rounds for a system message whose content is
@@ -14,7 +16,9 @@ use kvsteer_indexer::app;
 use kvsteer_proto::v1::{self as pb, router_client::RouterClient};
 use serde_json::{Value, json};
 use std::time::Duration;
-use tonic::transport::Channel;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Streaming, transport::Channel};
 
 const MODEL: &str = "m";
 /// Outer rounds of the template's spin for a slow pick (seconds of
@@ -116,7 +120,48 @@ fn report(id: &str, kind: pb::ReportKind) -> pb::ReportRequest {
     }
 }
 
+/// One `PickStream`: its sending side and its answers.
+struct PickStream {
+    tx: mpsc::Sender<pb::PickStreamRequest>,
+    answers: Streaming<pb::PickResponse>,
+}
+
+impl PickStream {
+    async fn send_pick(&self, pick: pb::PickRequest, timeout_ms: u32) {
+        let message = pb::PickStreamRequest {
+            kind: Some(pb::pick_stream_request::Kind::Pick(pick)),
+            timeout_ms,
+        };
+        self.tx.send(message).await.expect("stream open");
+    }
+
+    async fn cancel(&self, id: &str) {
+        let message = pb::PickStreamRequest {
+            kind: Some(pb::pick_stream_request::Kind::Cancel(id.into())),
+            timeout_ms: 0,
+        };
+        self.tx.send(message).await.expect("stream open");
+    }
+
+    /// The next answer; `None` when the stream ended.
+    async fn answer(&mut self) -> Option<pb::PickResponse> {
+        self.answers.message().await.expect("stream healthy")
+    }
+}
+
 impl Service {
+    async fn pick_stream(&self) -> PickStream {
+        let (tx, rx) = mpsc::channel(16);
+        let answers = self
+            .client
+            .clone()
+            .pick_stream(ReceiverStream::new(rx))
+            .await
+            .expect("stream opened")
+            .into_inner();
+        PickStream { tx, answers }
+    }
+
     async fn metrics(&self) -> String {
         let (status, text) = self.admin.call("GET", "/metrics", None).await;
         assert_eq!(status, 200);
@@ -298,4 +343,132 @@ async fn a_pick_without_a_model_uses_the_only_one_served() {
     assert_eq!(s.load().await.0, 1);
     assert_eq!(s.metric("kvsteer_model_defaulted_total").await, 1.0);
     s.running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_picks_are_answered_by_request_id_and_committed() {
+    let s = start().await;
+    let mut stream = s.pick_stream().await;
+    assert_eq!(s.metric("kvsteer_pick_streams").await, 1.0);
+    stream.send_pick(pick("s1", 0), 1_000).await;
+    stream.send_pick(pick("s2", 0), 0).await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let answer = stream.answer().await.expect("an answer");
+        assert_eq!(answer.endpoints.len(), 2, "{answer:?}");
+        ids.push(answer.request_id);
+    }
+    ids.sort();
+    assert_eq!(ids, ["s1", "s2"]);
+    assert_eq!(s.load().await.0, 2);
+    // The stream's end takes no committed pick with it.
+    drop(stream);
+    eventually("the stream closed", || async {
+        (s.metric("kvsteer_pick_streams").await == 0.0).then_some(())
+    })
+    .await;
+    assert_eq!(s.load().await.0, 2);
+    s.running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_stream_pick_is_not_committed_and_others_go_on() {
+    let s = start().await;
+    let mut stream = s.pick_stream().await;
+    stream.send_pick(pick("slow", SLOW), 0).await;
+    tokio::time::sleep(SETTLE).await;
+    stream.cancel("slow").await;
+    stream.send_pick(pick("fast", 0), 0).await;
+    let answer = stream.answer().await.expect("an answer");
+    assert_eq!(answer.request_id, "fast");
+    s.settled().await;
+    eventually("the cancelled pick abandoned", || async {
+        let n = s
+            .metric("kvsteer_pick_abandoned_total{reason=\"cancelled\"}")
+            .await;
+        (n == 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(s.load().await.0, 1, "only the fast pick is in flight");
+    // Closing our side ends the stream with no answer for the cancelled one.
+    drop(stream.tx);
+    assert!(stream.answers.message().await.expect("clean end").is_none());
+    s.running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_pick_past_its_timeout_is_not_committed_or_answered() {
+    let s = start().await;
+    let mut stream = s.pick_stream().await;
+    stream.send_pick(pick("late", SLOW), 1_000).await;
+    stream.send_pick(pick("in-time", 0), 30_000).await;
+    let answer = stream.answer().await.expect("an answer");
+    assert_eq!(answer.request_id, "in-time");
+    eventually("the late pick abandoned", || async {
+        let n = s
+            .metric("kvsteer_pick_abandoned_total{reason=\"deadline\"}")
+            .await;
+        (n == 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(s.load().await.0, 1);
+    drop(stream.tx);
+    assert!(stream.answers.message().await.expect("clean end").is_none());
+    s.running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_stream_abandons_its_running_picks() {
+    let s = start().await;
+    let stream = s.pick_stream().await;
+    stream.send_pick(pick("orphan", SLOW), 0).await;
+    tokio::time::sleep(SETTLE).await;
+    // The filter's Envoy worker went away: both sides dropped (a reset).
+    drop(stream);
+    s.settled().await;
+    assert_eq!(s.load().await, (0, 0, 0));
+    assert_eq!(
+        s.metric("kvsteer_pick_abandoned_total{reason=\"cancelled\"}")
+            .await,
+        1.0
+    );
+    eventually("the stream closed", || async {
+        (s.metric("kvsteer_pick_streams").await == 0.0).then_some(())
+    })
+    .await;
+    s.running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_closed_stream_still_gets_the_answers_it_is_owed() {
+    let s = start().await;
+    let stream = s.pick_stream().await;
+    stream.send_pick(pick("owed", 100), 0).await;
+    // No more picks from this stream (the filter rotated it).
+    let PickStream { tx, mut answers } = stream;
+    drop(tx);
+    let answer = answers
+        .message()
+        .await
+        .expect("healthy")
+        .expect("owed answer");
+    assert_eq!(answer.request_id, "owed");
+    assert!(answers.message().await.expect("clean end").is_none());
+    assert_eq!(s.load().await.0, 1);
+    s.running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ends_cleanly_when_the_indexer_shuts_down() {
+    let s = start().await;
+    let mut stream = s.pick_stream().await;
+    stream.send_pick(pick("before", 0), 0).await;
+    let answer = stream.answer().await.expect("an answer");
+    assert_eq!(answer.request_id, "before");
+    // The stream stays open on the filter's side; the indexer stops.
+    let Service { running, .. } = s;
+    let stopping = tokio::spawn(running.shutdown());
+    let end = stream.answers.message().await;
+    assert!(matches!(end, Ok(None)), "a clean end, not a reset: {end:?}");
+    stopping.await.unwrap();
 }

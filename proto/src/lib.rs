@@ -30,5 +30,6 @@ pub mod v1 {
 pub mod paths {
     pub const SERVICE: &str = "kvsteer.v1.Router";
     pub const PICK: &str = "Pick";
+    pub const PICK_STREAM: &str = "PickStream";
     pub const REPORT: &str = "Report";
 }

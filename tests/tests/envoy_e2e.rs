@@ -109,6 +109,49 @@ async fn steered_requests_record_the_filter_timings() {
     );
 }
 
+/// Once the first pick has asked for it, the filter's `PickStream` opens
+/// and carries the picks that follow; every turn is still steered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn picks_ride_the_stream_once_it_is_open() {
+    let _g = serial().await;
+    let c = Cluster::start(fast_sims()).await.expect("cluster");
+    conversation(&c, "streamed-a", 1).await.expect("first turn");
+    wait_until("the pick stream open", WAIT, || async {
+        let open = c.indexer_metric("kvsteer_pick_streams", &[]).await.ok()?;
+        (open >= 1.0).then_some(())
+    })
+    .await
+    .expect("the first pick opens a stream");
+    let replies = conversation(&c, "streamed-b", 4)
+        .await
+        .expect("conversation");
+    let first = replies[0].worker.clone().expect("x-kvsteer-worker");
+    assert!(
+        replies
+            .iter()
+            .all(|r| r.worker.as_deref() == Some(first.as_str()))
+    );
+    assert!(replies[1..].iter().all(|r| r.cached_tokens() > 0));
+    let stat = |name: &'static str| c.envoy_stat(name);
+    let steered = stat("wasmcustom.kvsteer_filter_steered")
+        .await
+        .expect("stat");
+    let streamed = stat("wasmcustom.kvsteer_filter_pick_streamed")
+        .await
+        .expect("stat");
+    let opened = stat("wasmcustom.kvsteer_filter_pick_stream_opened")
+        .await
+        .expect("stat");
+    assert_eq!(steered, 5, "every turn steered");
+    // Each Envoy worker's first pick goes unary and opens its stream; a
+    // worker that sees a later pick sends it on the stream.
+    assert!(
+        streamed >= 1 && streamed < steered,
+        "{streamed} of {steered} streamed"
+    );
+    assert!(opened >= 1, "{opened} streams opened");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_with_token_ids_are_steered_like_chat() {
     let _g = serial().await;

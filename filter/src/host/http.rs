@@ -1,7 +1,13 @@
 //! The per-request HTTP context: pause, ask the indexer, apply the answer,
 //! report the response. Every failure lets the request through untouched.
+//!
+//! The request's state is an [`Exchange`] behind an `Rc<RefCell<_>>`: the
+//! SDK owns the HTTP context, and a pick answered on the root's
+//! `PickStream` is handed to the exchange by the root (under this
+//! context's id as the effective context), through a weak handle.
 
-use std::rc::Rc;
+use std::cell::RefCell;
+use std::rc::{Rc, Weak};
 use std::time::{Duration, SystemTime};
 
 use kvsteer_proto::paths;
@@ -35,26 +41,31 @@ enum Phase {
     /// Headers paused, body being buffered; `start` is `None` once the body
     /// is known to start like a JSON object.
     Buffering { api: Api, start: Option<BodyStart> },
-    /// Waiting for the `Pick` answer sent at `sent_at`; the body is `body_len` bytes.
+    /// Waiting for the pick's answer, sent at `sent_at` as unary call
+    /// `call` or (`None`) on the root's stream; the body is `body_len` bytes.
     AwaitingPick {
         api: Api,
-        token: u32,
+        call: Option<u32>,
         body_len: usize,
         sent_at: Option<SystemTime>,
     },
 }
 
-/// A `Pick` call's end, as the host reported it.
-struct PickAnswer {
-    api: Api,
-    status: u32,
-    size: usize,
-    body_len: usize,
-    sent_at: Option<SystemTime>,
+/// A pick's end: its answer's bytes, or the gRPC status it failed with.
+pub(crate) type PickResult = Result<Vec<u8>, u32>;
+
+/// How the root reaches an exchange waiting on its stream.
+pub(crate) type ExchangeHandle = (u32, Weak<RefCell<Exchange>>);
+
+/// The HTTP context the SDK holds: callbacks go to its exchange.
+pub(crate) struct KvsteerHttp {
+    exchange: Rc<RefCell<Exchange>>,
 }
 
-pub(crate) struct KvsteerHttp {
+pub(crate) struct Exchange {
     context_id: u32,
+    /// Itself, for the root to hand it a streamed answer.
+    this: Weak<RefCell<Exchange>>,
     shared: Option<Rc<Shared>>,
     phase: Phase,
     /// This stream's pick id (the filter's own, never a client header).
@@ -71,20 +82,38 @@ pub(crate) struct KvsteerHttp {
 
 impl KvsteerHttp {
     pub(crate) fn new(context_id: u32, shared: Option<Rc<Shared>>) -> Self {
-        Self {
-            context_id,
-            shared,
-            phase: Phase::Idle,
-            pick_id: String::new(),
-            replica: String::new(),
-            tracker: ReportTracker::default(),
-            facts: ResponseFacts::default(),
-            resumed_at: None,
-            usage: UsageScanner::default(),
-            scanner: None,
-        }
+        let exchange = Rc::new_cyclic(|this| {
+            RefCell::new(Exchange {
+                context_id,
+                this: this.clone(),
+                shared,
+                phase: Phase::Idle,
+                pick_id: String::new(),
+                replica: String::new(),
+                tracker: ReportTracker::default(),
+                facts: ResponseFacts::default(),
+                resumed_at: None,
+                usage: UsageScanner::default(),
+                scanner: None,
+            })
+        });
+        Self { exchange }
     }
 
+    /// Runs `f` on the exchange; `otherwise` if it is busy (it never is:
+    /// proxy-wasm callbacks do not nest).
+    fn with<T>(&self, otherwise: T, f: impl FnOnce(&mut Exchange) -> T) -> T {
+        match self.exchange.try_borrow_mut() {
+            Ok(mut exchange) => f(&mut exchange),
+            Err(_) => {
+                log::warn!("kvsteer-filter: exchange busy in a callback");
+                otherwise
+            }
+        }
+    }
+}
+
+impl Exchange {
     fn count(&self, counter: Counter) {
         if let Some(shared) = &self.shared {
             shared.metrics.inc(counter);
@@ -175,16 +204,22 @@ impl KvsteerHttp {
                 String::new()
             });
         let timeout = Duration::from_millis(shared.config.timeout_ms);
-        let message = request.encode_to_vec();
         let sent_at = calls::now();
-        match calls::grpc_call(
-            &shared.indexer_target,
-            paths::PICK,
-            Vec::new(),
-            &message,
-            timeout,
-        ) {
-            Ok(token) => {
+        let handle: ExchangeHandle = (self.context_id, self.this.clone());
+        let sent = match shared.send_stream_pick(&request, handle) {
+            true => Ok(None),
+            // No stream open (or it just broke): a call of its own.
+            false => calls::grpc_call(
+                &shared.indexer_target,
+                paths::PICK,
+                Vec::new(),
+                &request.encode_to_vec(),
+                timeout,
+            )
+            .map(Some),
+        };
+        match sent {
+            Ok(call) => {
                 if let (Some(from), Some(to)) = (started, sent_at) {
                     shared
                         .metrics
@@ -198,7 +233,7 @@ impl KvsteerHttp {
                 self.tracker.pick_sent();
                 self.phase = Phase::AwaitingPick {
                     api,
-                    token,
+                    call,
                     body_len,
                     sent_at,
                 };
@@ -216,33 +251,26 @@ impl KvsteerHttp {
         }
     }
 
-    fn on_pick_answer(&mut self, shared: &Shared, answer: PickAnswer) {
-        let PickAnswer {
+    /// The pick's end, from its call or (by way of the root) its stream.
+    pub(crate) fn on_pick_answer(&mut self, shared: &Shared, result: PickResult) {
+        let Phase::AwaitingPick {
             api,
-            status,
-            size,
             body_len,
             sent_at,
-        } = answer;
+            ..
+        } = self.phase
+        else {
+            return;
+        };
         if let (Some(from), Some(to)) = (sent_at, calls::now()) {
             shared
                 .metrics
                 .record(Histogram::PickUs, metrics::micros(from, to));
         }
-        if status != GrpcStatusCode::Ok as u32 {
-            let elapsed_ms = calls::elapsed_ms(sent_at);
-            let reason = pick::call_failure(status, elapsed_ms, shared.config.timeout_ms);
-            log::debug!(
-                "kvsteer-filter: pick failed: gRPC status {status} after {elapsed_ms:.1} ms"
-            );
-            self.fail_open(reason);
-            // The indexer may have counted a pick it answered too late or
-            // whose answer was lost.
-            let report = self.tracker.pick_answered(PickEnd::Abandoned);
-            self.queue(report);
-            return self.resume();
-        }
-        let answer = calls::buffer(BufferType::GrpcReceiveBuffer, 0, size).unwrap_or_default();
+        let answer = match result {
+            Ok(answer) => answer,
+            Err(status) => return self.pick_failed(shared, status, sent_at),
+        };
         let end = match pick::decide(&answer, api.error_shape()) {
             PickOutcome::Reject {
                 status,
@@ -318,6 +346,20 @@ impl KvsteerHttp {
             }
         };
         let report = self.tracker.pick_answered(end);
+        self.queue(report);
+        self.resume();
+    }
+
+    /// The pick failed with gRPC `status` (its call, its stream, or its
+    /// deadline on the stream): the request goes on untouched.
+    fn pick_failed(&mut self, shared: &Shared, status: u32, sent_at: Option<SystemTime>) {
+        let elapsed_ms = calls::elapsed_ms(sent_at);
+        let reason = pick::call_failure(status, elapsed_ms, shared.config.timeout_ms);
+        log::debug!("kvsteer-filter: pick failed: gRPC status {status} after {elapsed_ms:.1} ms");
+        self.fail_open(reason);
+        // The indexer may have counted a pick it answered too late or
+        // whose answer was lost.
+        let report = self.tracker.pick_answered(PickEnd::Abandoned);
         self.queue(report);
         self.resume();
     }
@@ -409,6 +451,10 @@ impl KvsteerHttp {
     /// The stream is going away; a request that still owes a terminal
     /// report (pick outstanding, response unfinished) is cancelled.
     fn close(&mut self) {
+        if let (Phase::AwaitingPick { call: None, .. }, Some(shared)) = (self.phase, &self.shared) {
+            self.phase = Phase::Idle;
+            shared.cancel_stream_pick(&self.pick_id);
+        }
         let report = self.tracker.close(self.elapsed_ms());
         if report.is_some() {
             log::debug!(
@@ -421,41 +467,32 @@ impl KvsteerHttp {
     }
 }
 
-impl Context for KvsteerHttp {
+// === callbacks ===
+
+impl Exchange {
     fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, response_size: usize) {
         let Some(shared) = self.shared.clone() else {
             return;
         };
         // Only picks are dispatched from here (reports go out from the root).
         if let Phase::AwaitingPick {
-            api,
-            token,
-            body_len,
-            sent_at,
+            call: Some(token), ..
         } = self.phase
             && token == token_id
         {
-            let answer = PickAnswer {
-                api,
-                status: status_code,
-                size: response_size,
-                body_len,
-                sent_at,
+            let result = if status_code == GrpcStatusCode::Ok as u32 {
+                Ok(
+                    calls::buffer(BufferType::GrpcReceiveBuffer, 0, response_size)
+                        .unwrap_or_default(),
+                )
+            } else {
+                Err(status_code)
             };
-            self.on_pick_answer(&shared, answer);
+            self.on_pick_answer(&shared, result);
         }
     }
 
-    /// Envoy destroys the filter (after `on_log`, or without it on some
-    /// paths): a last chance to cancel.
-    fn on_done(&mut self) -> bool {
-        self.close();
-        true
-    }
-}
-
-impl HttpContext for KvsteerHttp {
-    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+    fn on_http_request_headers(&mut self, end_of_stream: bool) -> Action {
         let Some(shared) = self.shared.clone() else {
             return Action::Continue;
         };
@@ -508,14 +545,14 @@ impl HttpContext for KvsteerHttp {
         }
     }
 
-    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+    fn on_http_request_trailers(&mut self) -> Action {
         if matches!(self.phase, Phase::Buffering { .. }) {
             self.fail_open(FailOpenReason::BadRequest);
         }
         Action::Continue
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+    fn on_http_response_headers(&mut self, end_of_stream: bool) -> Action {
         if self.tracker.wants_response() {
             self.facts.status = header(RESPONSE, ":status")
                 .and_then(|s| s.parse().ok())
@@ -570,12 +607,61 @@ impl HttpContext for KvsteerHttp {
         Action::Continue
     }
 
-    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+    fn on_http_response_trailers(&mut self) -> Action {
         self.end();
         Action::Continue
     }
+}
+
+impl Context for KvsteerHttp {
+    fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, response_size: usize) {
+        self.with((), |e| {
+            e.on_grpc_call_response(token_id, status_code, response_size);
+        });
+    }
+
+    /// Envoy destroys the filter (after `on_log`, or without it on some
+    /// paths): a last chance to cancel.
+    fn on_done(&mut self) -> bool {
+        self.with((), Exchange::close);
+        true
+    }
+}
+
+impl HttpContext for KvsteerHttp {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.with(Action::Continue, |e| {
+            e.on_http_request_headers(end_of_stream)
+        })
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.with(Action::Continue, |e| {
+            e.on_http_request_body(body_size, end_of_stream)
+        })
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.with(Action::Continue, Exchange::on_http_request_trailers)
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.with(Action::Continue, |e| {
+            e.on_http_response_headers(end_of_stream)
+        })
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.with(Action::Continue, |e| {
+            e.on_http_response_body(body_size, end_of_stream)
+        })
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.with(Action::Continue, Exchange::on_http_response_trailers)
+    }
 
     fn on_log(&mut self) {
-        self.close();
+        self.with((), Exchange::close);
     }
 }

@@ -7,13 +7,22 @@
 //! drops it once that context is deleted, which is soon after `on_log`. Sent
 //! from the root (on a tick armed when the first report is queued), every
 //! answer arrives and failures are counted (`report_failed`).
+//!
+//! The root also owns the `PickStream` (`pick_stream`): it opens, rotates
+//! and closes it, hands each streamed answer to the exchange waiting for
+//! it, and fails open the picks whose deadline passes or whose stream
+//! ends. HTTP contexts send their picks on it directly.
+//!
+//! One tick serves all of it, at the shortest period any of them needs
+//! (`Shared::rearm`).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use kvsteer_proto::paths;
-use kvsteer_proto::v1::ReportRequest;
+use kvsteer_proto::v1::pick_stream_request::Kind;
+use kvsteer_proto::v1::{PickRequest, PickResponse, PickStreamRequest, ReportRequest};
 use prost::Message;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -21,11 +30,16 @@ use proxy_wasm::types::{BufferType, ContextType, GrpcStatusCode};
 
 use crate::config::{FilterConfig, REPLICA_HEADER};
 use crate::host::calls::{self, Metrics};
-use crate::host::http::KvsteerHttp;
+use crate::host::http::{ExchangeHandle, KvsteerHttp, PickResult};
 use crate::metrics::Counter;
 use crate::outbox::{Outbox, Queued};
 use crate::pick_id::PickIds;
+use crate::pick_stream::{self, PickStreams, Waiting};
 use crate::retry::{self, Answer, Retries};
+
+/// gRPC statuses the filter reports for stream picks that got no answer.
+const DEADLINE_EXCEEDED: u32 = 4;
+const UNAVAILABLE: u32 = 14;
 
 /// How soon queued reports go out.
 const REPORT_TICK: Duration = Duration::from_millis(1);
@@ -40,6 +54,10 @@ pub(crate) struct Shared {
     pick_ids: RefCell<PickIds>,
     outbox: RefCell<Outbox>,
     retries: RefCell<Retries>,
+    /// `None` when picks are unary calls only (`pick_stream_max_age_ms: 0`).
+    streams: Option<RefCell<PickStreams<ExchangeHandle>>>,
+    /// The tick period last set.
+    tick: Cell<Duration>,
 }
 
 // === impl Shared ===
@@ -64,9 +82,8 @@ impl Shared {
         match outbox.push(report) {
             Queued::First => {
                 drop(outbox);
-                if let Err(status) = hostcalls::set_tick_period(REPORT_TICK) {
+                if !self.rearm() {
                     // Without a tick, send now: the answer is lost but the report is not.
-                    log::warn!("kvsteer-filter: cannot arm the report tick: {status:?}");
                     self.send_queued();
                 }
             }
@@ -93,11 +110,211 @@ impl Shared {
         for (report, attempt) in reports.into_iter().map(|r| (r, 1)).chain(due) {
             self.send(report, attempt);
         }
-        if self.retries.try_borrow().is_ok_and(|r| r.waiting())
-            && let Err(status) = hostcalls::set_tick_period(retry::TICK)
-        {
-            log::warn!("kvsteer-filter: cannot arm the retry tick: {status:?}");
+    }
+
+    /// Sets the tick to the shortest period anything needs: queued reports,
+    /// report retries, stream picks' deadlines and the stream's own
+    /// schedule; stops it when nothing does. Returns false if the host
+    /// refused. Only a change is passed on: setting the period restarts
+    /// Envoy's timer.
+    fn rearm(&self) -> bool {
+        let reports = self
+            .outbox
+            .try_borrow()
+            .is_ok_and(|o| !o.is_empty())
+            .then_some(REPORT_TICK);
+        let retries = self
+            .retries
+            .try_borrow()
+            .is_ok_and(|r| r.waiting())
+            .then_some(retry::TICK);
+        let streams = match (&self.streams, since_epoch()) {
+            (Some(streams), Some(now)) => streams.try_borrow().ok().and_then(|s| s.next_tick(now)),
+            _ => None,
+        };
+        let period = [reports, retries, streams]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(Duration::ZERO);
+        if period == self.tick.get() {
+            return true;
         }
+        match hostcalls::set_tick_period(period) {
+            Ok(()) => {
+                self.tick.set(period);
+                true
+            }
+            Err(status) => {
+                log::warn!("kvsteer-filter: cannot set the tick to {period:?}: {status:?}");
+                false
+            }
+        }
+    }
+
+    // === PickStream ===
+
+    /// Sends `pick` on the open stream, for `handle` to get its answer;
+    /// false when no stream is open or the send failed (the caller makes
+    /// it a unary call).
+    pub(crate) fn send_stream_pick(&self, pick: &PickRequest, handle: ExchangeHandle) -> bool {
+        let Some(streams) = &self.streams else {
+            return false;
+        };
+        let (Ok(mut s), Some(now)) = (streams.try_borrow_mut(), since_epoch()) else {
+            return false;
+        };
+        let Some(token) = s.stream() else {
+            drop(s);
+            // A stream is wanted now: the tick opens it.
+            self.rearm();
+            return false;
+        };
+        let timeout_ms = u32::try_from(self.config.timeout_ms).unwrap_or(u32::MAX);
+        let message = pick_stream::pick_message(pick, timeout_ms);
+        if let Err(status) = hostcalls::send_grpc_stream_message(token, Some(&message), false) {
+            log::debug!("kvsteer-filter: pick not sent on stream {token}: {status:?}");
+            return false;
+        }
+        let deadline = now + Duration::from_millis(self.config.timeout_ms);
+        s.sent(pick.request_id.clone(), handle, token, deadline);
+        drop(s);
+        self.metrics.inc(Counter::PickStreamed);
+        self.rearm();
+        true
+    }
+
+    /// The client of stream pick `id` went away: the indexer is told, so
+    /// it does not commit the pick.
+    pub(crate) fn cancel_stream_pick(&self, id: &str) {
+        let token = self
+            .streams
+            .as_ref()
+            .and_then(|s| s.try_borrow_mut().ok())
+            .and_then(|mut s| s.forget(id));
+        if let Some(token) = token {
+            send_cancel(token, id);
+        }
+    }
+
+    /// The stream's housekeeping, from the tick: deadlines, the open
+    /// timeout, rotation and (re)opening.
+    fn tend_streams(&self) {
+        let (Some(streams), Some(now)) = (&self.streams, since_epoch()) else {
+            return;
+        };
+        let Ok(mut s) = streams.try_borrow_mut() else {
+            return;
+        };
+        let expired = s.expired(now);
+        for token in s.open_timed_out(now) {
+            log::warn!("kvsteer-filter: pick stream {token} got no headers in time; cancelled");
+            if let Err(status) = hostcalls::cancel_grpc_stream(token) {
+                log::debug!("kvsteer-filter: cancelling stream {token}: {status:?}");
+            }
+        }
+        for token in s.rotate_due(now) {
+            if let Err(status) = hostcalls::close_grpc_stream(token) {
+                log::debug!("kvsteer-filter: half-closing stream {token}: {status:?}");
+            }
+        }
+        // Each attempt leaves its slot opening or backing off: this ends.
+        while let Some(slot) = s.open_due(now) {
+            match hostcalls::open_grpc_stream(
+                &self.indexer_target,
+                paths::SERVICE,
+                paths::PICK_STREAM,
+                Vec::new(),
+            ) {
+                Ok(token) => {
+                    s.opening(slot, token, now);
+                    self.metrics.inc(Counter::PickStreamOpened);
+                }
+                Err(status) => {
+                    log::warn!("kvsteer-filter: cannot open a pick stream: {status:?}");
+                    s.open_failed(slot, now);
+                }
+            }
+        }
+        drop(s);
+        for (id, waiting) in expired {
+            send_cancel(waiting.token, &id);
+            self.hand_over(waiting, Err(DEADLINE_EXCEEDED));
+        }
+    }
+
+    /// Gives a stream pick's end to the exchange waiting for it, as that
+    /// HTTP context (the effective context for its host calls).
+    fn hand_over(&self, waiting: Waiting<ExchangeHandle>, result: PickResult) {
+        let (context_id, exchange) = waiting.handle;
+        let Some(exchange) = exchange.upgrade() else {
+            return;
+        };
+        if let Err(status) = hostcalls::set_effective_context(context_id) {
+            log::debug!("kvsteer-filter: context {context_id} gone: {status:?}");
+            return;
+        }
+        match exchange.try_borrow_mut() {
+            Ok(mut exchange) => exchange.on_pick_answer(self, result),
+            Err(_) => log::warn!("kvsteer-filter: exchange busy; stream answer dropped"),
+        };
+    }
+
+    fn stream_answer(&self, token: u32, size: usize) {
+        let bytes = calls::buffer(BufferType::GrpcReceiveBuffer, 0, size).unwrap_or_default();
+        let id = match PickResponse::decode(bytes.as_slice()) {
+            Ok(answer) => answer.request_id,
+            Err(error) => {
+                log::warn!("kvsteer-filter: undecodable answer on stream {token}: {error}");
+                return;
+            }
+        };
+        let waiting = self
+            .streams
+            .as_ref()
+            .and_then(|s| s.try_borrow_mut().ok())
+            .and_then(|mut s| s.answered(&id));
+        // None: past its deadline or its client gone; nobody waits.
+        // The tick, still at the deadline period, slows down on its own
+        // once no pick waits: no host call here on the answer's path.
+        if let Some(waiting) = waiting {
+            self.hand_over(waiting, Ok(bytes));
+        }
+    }
+
+    fn stream_established(&self, token: u32) {
+        if let (Some(streams), Some(now)) = (&self.streams, since_epoch())
+            && let Ok(mut s) = streams.try_borrow_mut()
+        {
+            s.established(token, now);
+        }
+        self.rearm();
+    }
+
+    fn stream_closed(&self, token: u32, status: u32) {
+        let (Some(streams), Some(now)) = (&self.streams, since_epoch()) else {
+            return;
+        };
+        let Ok(mut s) = streams.try_borrow_mut() else {
+            return;
+        };
+        let ended = s.closed(token, status, now);
+        drop(s);
+        if !ended.picks.is_empty() {
+            log::warn!(
+                "kvsteer-filter: pick stream {token} closed (gRPC status {status}) with {} picks unanswered",
+                ended.picks.len()
+            );
+        }
+        let status = if status == GrpcStatusCode::Ok as u32 {
+            UNAVAILABLE
+        } else {
+            status
+        };
+        for (_, waiting) in ended.picks {
+            self.hand_over(waiting, Err(status));
+        }
+        self.rearm();
     }
 
     /// One send of a report (its `attempt`-th).
@@ -144,10 +361,7 @@ impl Shared {
         };
         match answer {
             Answer::Retry => {
-                let idle = self.outbox.try_borrow().is_ok_and(|o| o.is_empty());
-                if idle && let Err(status) = hostcalls::set_tick_period(retry::TICK) {
-                    log::warn!("kvsteer-filter: cannot arm the retry tick: {status:?}");
-                }
+                self.rearm();
             }
             Answer::GaveUp => log::warn!(
                 "kvsteer-filter: a terminal report failed {} times; the indexer expires its pick",
@@ -155,6 +369,19 @@ impl Shared {
             ),
             Answer::Delivered | Answer::Untracked => {}
         }
+    }
+}
+
+/// Withdraws pick `id` on stream `token`.
+fn send_cancel(token: u32, id: &str) {
+    let message = PickStreamRequest {
+        kind: Some(Kind::Cancel(id.to_owned())),
+        timeout_ms: 0,
+    };
+    if let Err(status) =
+        hostcalls::send_grpc_stream_message(token, Some(&message.encode_to_vec()), false)
+    {
+        log::debug!("kvsteer-filter: cancel of {id} not sent on stream {token}: {status:?}");
     }
 }
 
@@ -182,6 +409,24 @@ impl Context for KvsteerRoot {
     fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, _response_size: usize) {
         if let Some(shared) = &self.shared {
             shared.report_answered(token_id, status_code);
+        }
+    }
+
+    fn on_grpc_stream_initial_metadata(&mut self, token_id: u32, _num_elements: u32) {
+        if let Some(shared) = &self.shared {
+            shared.stream_established(token_id);
+        }
+    }
+
+    fn on_grpc_stream_message(&mut self, token_id: u32, message_size: usize) {
+        if let Some(shared) = &self.shared {
+            shared.stream_answer(token_id, message_size);
+        }
+    }
+
+    fn on_grpc_stream_close(&mut self, token_id: u32, status_code: u32) {
+        if let Some(shared) = &self.shared {
+            shared.stream_closed(token_id, status_code);
         }
     }
 }
@@ -218,6 +463,10 @@ impl RootContext for KvsteerRoot {
                 let now_ns =
                     since_epoch().map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
                 let salt = [now_ns, u64::from(self.context_id)];
+                let streams = (config.pick_stream_max_age_ms > 0).then(|| {
+                    let max_age = Duration::from_millis(config.pick_stream_max_age_ms);
+                    RefCell::new(PickStreams::new(config.pick_streams, max_age))
+                });
                 self.shared = Some(Rc::new(Shared {
                     indexer_target: config.indexer_target(),
                     config,
@@ -225,6 +474,8 @@ impl RootContext for KvsteerRoot {
                     pick_ids: RefCell::new(PickIds::random(&salt)),
                     outbox: RefCell::new(Outbox::default()),
                     retries: RefCell::new(Retries::default()),
+                    streams,
+                    tick: Cell::new(Duration::ZERO),
                 }));
                 true
             }
@@ -236,11 +487,10 @@ impl RootContext for KvsteerRoot {
     }
 
     fn on_tick(&mut self) {
-        if let Err(status) = hostcalls::set_tick_period(Duration::ZERO) {
-            log::debug!("kvsteer-filter: cannot stop the report tick: {status:?}");
-        }
         if let Some(shared) = &self.shared {
             shared.send_queued();
+            shared.tend_streams();
+            shared.rearm();
         }
     }
 

@@ -67,7 +67,7 @@ pools share (a single pool: its matchLabels). */}}
 {{/* The filter's PluginConfig JSON, for a given indexer cluster name. */}}
 {{- define "kvsteer.filter.json" -}}
 {{- $f := .root.Values.filter -}}
-{{- $json := dict "indexer_cluster" .cluster "timeout_ms" $f.timeoutMs "paths" $f.paths "tenant_header" $f.tenantHeader "trust_tenant_header" $f.trustTenantHeader "max_body_bytes" $f.maxBodyBytes "destination_header" "x-gateway-destination-endpoint" "report" $f.report -}}
+{{- $json := dict "indexer_cluster" .cluster "timeout_ms" $f.timeoutMs "paths" $f.paths "tenant_header" $f.tenantHeader "trust_tenant_header" $f.trustTenantHeader "max_body_bytes" $f.maxBodyBytes "destination_header" "x-gateway-destination-endpoint" "report" $f.report "pick_stream_max_age_ms" $f.pickStreamMaxAgeMs "pick_streams" $f.pickStreams -}}
 {{- with .authority }}{{ $_ := set $json "indexer_authority" . }}{{ end -}}
 {{- $json | toJson -}}
 {{- end -}}

@@ -53,6 +53,29 @@ pub struct PickRequest {
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
+pub struct PickStreamRequest {
+    /// Pick only: how long the filter waits for the answer, in milliseconds
+    /// (0: no deadline). Not committed past it, as a unary call's grpc-timeout.
+    #[prost(uint32, tag = "3")]
+    pub timeout_ms: u32,
+    #[prost(oneof = "pick_stream_request::Kind", tags = "1, 2")]
+    pub kind: ::core::option::Option<pick_stream_request::Kind>,
+}
+/// Nested message and enum types in `PickStreamRequest`.
+pub mod pick_stream_request {
+    #[allow(clippy::all)]
+    #[derive(Clone, PartialEq, ::prost::Oneof)]
+    pub enum Kind {
+        #[prost(message, tag = "1")]
+        Pick(super::PickRequest),
+        /// The request_id of a pick whose answer is no longer wanted (the
+        /// client went away, or the filter stopped waiting).
+        #[prost(string, tag = "2")]
+        Cancel(::prost::alloc::string::String),
+    }
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ChatMessage {
     #[prost(string, tag = "1")]
     pub role: ::prost::alloc::string::String,
@@ -180,6 +203,9 @@ pub struct PickResponse {
     /// isolation. Set only when the request carried no salt of its own.
     #[prost(string, tag = "6")]
     pub cache_salt: ::prost::alloc::string::String,
+    /// PickStream answers: the pick's request_id (empty on unary answers).
+    #[prost(string, tag = "7")]
+    pub request_id: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -437,6 +463,35 @@ pub mod router_client {
             req.extensions_mut().insert(GrpcMethod::new("kvsteer.v1.Router", "Pick"));
             self.inner.unary(req, path, codec).await
         }
+        /// The same picks as messages on long-lived streams (the filter keeps a
+        /// few per Envoy worker): no call set-up per request. Each answer names
+        /// its pick's request_id; answers come in completion order. A pick is
+        /// committed only while its stream is open and no cancel for it arrived.
+        /// A half-closed stream still gets the answers of the picks it sent.
+        pub async fn pick_stream(
+            &mut self,
+            request: impl tonic::IntoStreamingRequest<Message = super::PickStreamRequest>,
+        ) -> std::result::Result<
+            tonic::Response<tonic::codec::Streaming<super::PickResponse>>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/kvsteer.v1.Router/PickStream",
+            );
+            let mut req = request.into_streaming_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("kvsteer.v1.Router", "PickStream"));
+            self.inner.streaming(req, path, codec).await
+        }
         /// First token, completion or cancellation of a request that was picked.
         pub async fn report(
             &mut self,
@@ -477,6 +532,21 @@ pub mod router_server {
             &self,
             request: tonic::Request<super::PickRequest>,
         ) -> std::result::Result<tonic::Response<super::PickResponse>, tonic::Status>;
+        /// Server streaming response type for the PickStream method.
+        type PickStreamStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<super::PickResponse, tonic::Status>,
+            >
+            + std::marker::Send
+            + 'static;
+        /// The same picks as messages on long-lived streams (the filter keeps a
+        /// few per Envoy worker): no call set-up per request. Each answer names
+        /// its pick's request_id; answers come in completion order. A pick is
+        /// committed only while its stream is open and no cancel for it arrived.
+        /// A half-closed stream still gets the answers of the picks it sent.
+        async fn pick_stream(
+            &self,
+            request: tonic::Request<tonic::Streaming<super::PickStreamRequest>>,
+        ) -> std::result::Result<tonic::Response<Self::PickStreamStream>, tonic::Status>;
         /// First token, completion or cancellation of a request that was picked.
         async fn report(
             &self,
@@ -598,6 +668,54 @@ pub mod router_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/kvsteer.v1.Router/PickStream" => {
+                    #[allow(non_camel_case_types)]
+                    struct PickStreamSvc<T: Router>(pub Arc<T>);
+                    impl<
+                        T: Router,
+                    > tonic::server::StreamingService<super::PickStreamRequest>
+                    for PickStreamSvc<T> {
+                        type Response = super::PickResponse;
+                        type ResponseStream = T::PickStreamStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                tonic::Streaming<super::PickStreamRequest>,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Router>::pick_stream(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = PickStreamSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.streaming(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)

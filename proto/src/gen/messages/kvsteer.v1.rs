@@ -51,6 +51,27 @@ pub struct PickRequest {
     pub client_request_id: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
+pub struct PickStreamRequest {
+    /// Pick only: how long the filter waits for the answer, in milliseconds
+    /// (0: no deadline). Not committed past it, as a unary call's grpc-timeout.
+    #[prost(uint32, tag = "3")]
+    pub timeout_ms: u32,
+    #[prost(oneof = "pick_stream_request::Kind", tags = "1, 2")]
+    pub kind: ::core::option::Option<pick_stream_request::Kind>,
+}
+/// Nested message and enum types in `PickStreamRequest`.
+pub mod pick_stream_request {
+    #[derive(Clone, PartialEq, ::prost::Oneof)]
+    pub enum Kind {
+        #[prost(message, tag = "1")]
+        Pick(super::PickRequest),
+        /// The request_id of a pick whose answer is no longer wanted (the
+        /// client went away, or the filter stopped waiting).
+        #[prost(string, tag = "2")]
+        Cancel(::prost::alloc::string::String),
+    }
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ChatMessage {
     #[prost(string, tag = "1")]
     pub role: ::prost::alloc::string::String,
@@ -168,6 +189,9 @@ pub struct PickResponse {
     /// isolation. Set only when the request carried no salt of its own.
     #[prost(string, tag = "6")]
     pub cache_salt: ::prost::alloc::string::String,
+    /// PickStream answers: the pick's request_id (empty on unary answers).
+    #[prost(string, tag = "7")]
+    pub request_id: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Decision {
