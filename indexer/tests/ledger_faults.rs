@@ -30,7 +30,14 @@ const SLOW: u32 = 4_000;
 /// the pick.
 const SETTLE: Duration = Duration::from_millis(300);
 
+/// One service at a time: each slow pick keeps a core busy for seconds,
+/// and several at once on a 2-core machine starve the runtime threads
+/// that deliver the cancel or reset a test is about, so it can arrive
+/// after the pick passed the point where it could still be dropped.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 struct Service {
+    _serial: tokio::sync::MutexGuard<'static, ()>,
     running: app::Running,
     admin: Admin,
     client: RouterClient<Channel>,
@@ -65,6 +72,7 @@ fn slow_tokenizer() -> tempfile::TempDir {
 }
 
 async fn start() -> Service {
+    let serial = ONE_AT_A_TIME.lock().await;
     let tokenizer = slow_tokenizer();
     let cfg = kvsteer_indexer::config::Config::from_yaml(&format!(
         "grpc_listen: 127.0.0.1:0
@@ -85,6 +93,7 @@ workers:
         .await
         .expect("grpc connect");
     Service {
+        _serial: serial,
         running,
         admin,
         client: RouterClient::new(channel),
@@ -174,6 +183,14 @@ impl Service {
         text.lines()
             .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
             .unwrap_or(0.0)
+    }
+
+    /// Waits until the sample `name{labels}` reads `value`.
+    async fn wait_metric(&self, sample: &str, value: f64) {
+        eventually(sample, || async {
+            (self.metric(sample).await == value).then_some(())
+        })
+        .await;
     }
 
     /// Waits until the pick's fate is known: counted in flight (routed)
@@ -363,10 +380,7 @@ async fn stream_picks_are_answered_by_request_id_and_committed() {
     assert_eq!(s.load().await.0, 2);
     // The stream's end takes no committed pick with it.
     drop(stream);
-    eventually("the stream closed", || async {
-        (s.metric("kvsteer_pick_streams").await == 0.0).then_some(())
-    })
-    .await;
+    s.wait_metric("kvsteer_pick_streams", 0.0).await;
     assert_eq!(s.load().await.0, 2);
     s.running.shutdown().await;
 }
@@ -382,13 +396,8 @@ async fn a_cancelled_stream_pick_is_not_committed_and_others_go_on() {
     let answer = stream.answer().await.expect("an answer");
     assert_eq!(answer.request_id, "fast");
     s.settled().await;
-    eventually("the cancelled pick abandoned", || async {
-        let n = s
-            .metric("kvsteer_pick_abandoned_total{reason=\"cancelled\"}")
-            .await;
-        (n == 1.0).then_some(())
-    })
-    .await;
+    s.wait_metric("kvsteer_pick_abandoned_total{reason=\"cancelled\"}", 1.0)
+        .await;
     assert_eq!(s.load().await.0, 1, "only the fast pick is in flight");
     // Closing our side ends the stream with no answer for the cancelled one.
     drop(stream.tx);
@@ -404,13 +413,8 @@ async fn a_stream_pick_past_its_timeout_is_not_committed_or_answered() {
     stream.send_pick(pick("in-time", 0), 30_000).await;
     let answer = stream.answer().await.expect("an answer");
     assert_eq!(answer.request_id, "in-time");
-    eventually("the late pick abandoned", || async {
-        let n = s
-            .metric("kvsteer_pick_abandoned_total{reason=\"deadline\"}")
-            .await;
-        (n == 1.0).then_some(())
-    })
-    .await;
+    s.wait_metric("kvsteer_pick_abandoned_total{reason=\"deadline\"}", 1.0)
+        .await;
     assert_eq!(s.load().await.0, 1);
     drop(stream.tx);
     assert!(stream.answers.message().await.expect("clean end").is_none());
@@ -432,10 +436,7 @@ async fn a_reset_stream_abandons_its_running_picks() {
             .await,
         1.0
     );
-    eventually("the stream closed", || async {
-        (s.metric("kvsteer_pick_streams").await == 0.0).then_some(())
-    })
-    .await;
+    s.wait_metric("kvsteer_pick_streams", 0.0).await;
     s.running.shutdown().await;
 }
 
