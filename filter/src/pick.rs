@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 
 use kvsteer_proto::v1::{PickResponse, Rejection};
 use prost::Message;
+use proxy_wasm::types::GrpcStatusCode;
 use serde_json::json;
 
 use crate::metrics::FailOpenReason;
@@ -48,12 +49,14 @@ pub enum ErrorShape {
 /// `shape`.
 pub fn decide(answer: &[u8], shape: ErrorShape) -> PickOutcome {
     match PickResponse::decode(answer) {
-        Ok(response) => outcome(response, shape),
+        Ok(response) => decide_response(response, shape),
         Err(_) => PickOutcome::FailOpen(FailOpenReason::BadAnswer),
     }
 }
 
-fn outcome(response: PickResponse, shape: ErrorShape) -> PickOutcome {
+/// [`decide`] for an answer already decoded (a streamed one, decoded once
+/// to find its request id).
+pub fn decide_response(response: PickResponse, shape: ErrorShape) -> PickOutcome {
     if let Some(rejection) = response.rejection {
         let reply = match shape {
             ErrorShape::OpenAi => rejection_reply(&rejection),
@@ -201,8 +204,9 @@ fn default_error_type(status: u32) -> &'static str {
 /// too. (Envoy 1.40 was seen reporting a 200 ms deadline after 197.9 ms of
 /// wasm clock: the two clocks differ slightly.)
 pub fn call_failure(grpc_status: u32, elapsed_ms: f64, timeout_ms: u64) -> FailOpenReason {
-    const DEADLINE_EXCEEDED: u32 = 4;
-    if grpc_status == DEADLINE_EXCEEDED || elapsed_ms >= 0.9 * timeout_ms as f64 {
+    if grpc_status == GrpcStatusCode::DeadlineExceeded as u32
+        || elapsed_ms >= 0.9 * timeout_ms as f64
+    {
         FailOpenReason::Timeout
     } else {
         FailOpenReason::GrpcError

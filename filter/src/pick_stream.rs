@@ -28,6 +28,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use kvsteer_proto::v1::PickRequest;
+use proxy_wasm::types::GrpcStatusCode;
 
 /// First wait before retrying a stream that never opened.
 pub(crate) const RETRY_FIRST: Duration = Duration::from_millis(250);
@@ -41,8 +42,6 @@ pub(crate) const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often deadlines are checked while picks wait on a stream: a stream
 /// pick fails open up to this much after its timeout.
 pub(crate) const PICK_TICK: Duration = Duration::from_millis(5);
-/// gRPC's UNIMPLEMENTED status code.
-const UNIMPLEMENTED: u32 = 12;
 
 /// The `PickStreamRequest` carrying `pick`, encoded without copying the
 /// pick (prompts run to megabytes): field 1 `pick`, field 3 `timeout_ms`.
@@ -75,13 +74,6 @@ pub(crate) struct Waiting<H> {
     /// The stream it went on.
     pub(crate) token: u32,
     pub(crate) deadline: Duration,
-}
-
-/// A stream's end: the picks it took with it.
-#[derive(Debug)]
-pub(crate) struct Ended<H> {
-    /// The picks that were waiting on it, by request id.
-    pub(crate) picks: Vec<(String, Waiting<H>)>,
 }
 
 pub(crate) struct PickStreams<H> {
@@ -201,11 +193,16 @@ impl<H> PickStreams<H> {
     }
 
     /// Stream `token` closed with gRPC `status`: the picks waiting on it.
-    pub(crate) fn closed(&mut self, token: u32, status: u32, now: Duration) -> Ended<H> {
+    pub(crate) fn closed(
+        &mut self,
+        token: u32,
+        status: u32,
+        now: Duration,
+    ) -> Vec<(String, Waiting<H>)> {
         for s in &mut self.slots {
             match s.state {
                 State::Opening { token: t, .. } if t == token => {
-                    let wait = if status == UNIMPLEMENTED {
+                    let wait = if status == GrpcStatusCode::Unimplemented as u32 {
                         RETRY_UNIMPLEMENTED
                     } else {
                         s.back_off()
@@ -216,17 +213,7 @@ impl<H> PickStreams<H> {
                 _ => {}
             }
         }
-        let ids: Vec<String> = self
-            .waiting
-            .iter()
-            .filter(|(_, w)| w.token == token)
-            .map(|(id, _)| id.clone())
-            .collect();
-        let picks = ids
-            .into_iter()
-            .filter_map(|id| self.waiting.remove_entry(&id))
-            .collect();
-        Ended { picks }
+        self.waiting.extract_if(|_, w| w.token == token).collect()
     }
 
     /// The stream a pick went on (`token`) and until when it waits.
@@ -254,15 +241,7 @@ impl<H> PickStreams<H> {
 
     /// The picks past their deadline, no longer awaited.
     pub(crate) fn expired(&mut self, now: Duration) -> Vec<(String, Waiting<H>)> {
-        let ids: Vec<String> = self
-            .waiting
-            .iter()
-            .filter(|(_, w)| w.deadline <= now)
-            .map(|(id, _)| id.clone())
-            .collect();
-        ids.into_iter()
-            .filter_map(|id| self.waiting.remove_entry(&id))
-            .collect()
+        self.waiting.extract_if(|_, w| w.deadline <= now).collect()
     }
 
     /// How soon the root needs its tick for the streams: deadlines while

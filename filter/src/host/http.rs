@@ -11,6 +11,7 @@ use std::rc::{Rc, Weak};
 use std::time::{Duration, SystemTime};
 
 use kvsteer_proto::paths;
+use kvsteer_proto::v1::PickResponse;
 use prost::Message;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
@@ -51,8 +52,9 @@ enum Phase {
     },
 }
 
-/// A pick's end: its answer's bytes, or the gRPC status it failed with.
-pub(crate) type PickResult = Result<Vec<u8>, u32>;
+/// A pick's end: its answer (`None`: it did not decode), or the gRPC
+/// status it failed with.
+pub(crate) type PickResult = Result<Option<PickResponse>, u32>;
 
 /// How the root reaches an exchange waiting on its stream.
 pub(crate) type ExchangeHandle = (u32, Weak<RefCell<Exchange>>);
@@ -206,17 +208,18 @@ impl Exchange {
         let timeout = Duration::from_millis(shared.config.timeout_ms);
         let sent_at = calls::now();
         let handle: ExchangeHandle = (self.context_id, self.this.clone());
-        let sent = match shared.send_stream_pick(&request, handle) {
-            true => Ok(None),
+        let sent = if shared.send_stream_pick(&request, handle) {
+            Ok(None)
+        } else {
             // No stream open (or it just broke): a call of its own.
-            false => calls::grpc_call(
+            calls::grpc_call(
                 &shared.indexer_target,
                 paths::PICK,
                 Vec::new(),
                 &request.encode_to_vec(),
                 timeout,
             )
-            .map(Some),
+            .map(Some)
         };
         match sent {
             Ok(call) => {
@@ -267,11 +270,12 @@ impl Exchange {
                 .metrics
                 .record(Histogram::PickUs, metrics::micros(from, to));
         }
-        let answer = match result {
-            Ok(answer) => answer,
+        let outcome = match result {
+            Ok(Some(answer)) => pick::decide_response(answer, api.error_shape()),
+            Ok(None) => PickOutcome::FailOpen(FailOpenReason::BadAnswer),
             Err(status) => return self.pick_failed(shared, status, sent_at),
         };
-        let end = match pick::decide(&answer, api.error_shape()) {
+        let end = match outcome {
             PickOutcome::Reject {
                 status,
                 body,
@@ -481,10 +485,9 @@ impl Exchange {
             && token == token_id
         {
             let result = if status_code == GrpcStatusCode::Ok as u32 {
-                Ok(
-                    calls::buffer(BufferType::GrpcReceiveBuffer, 0, response_size)
-                        .unwrap_or_default(),
-                )
+                let bytes = calls::buffer(BufferType::GrpcReceiveBuffer, 0, response_size)
+                    .unwrap_or_default();
+                Ok(PickResponse::decode(bytes.as_slice()).ok())
             } else {
                 Err(status_code)
             };

@@ -37,10 +37,6 @@ use crate::pick_id::PickIds;
 use crate::pick_stream::{self, PickStreams, Waiting};
 use crate::retry::{self, Answer, Retries};
 
-/// gRPC statuses the filter reports for stream picks that got no answer.
-const DEADLINE_EXCEEDED: u32 = 4;
-const UNAVAILABLE: u32 = 14;
-
 /// How soon queued reports go out.
 const REPORT_TICK: Duration = Duration::from_millis(1);
 
@@ -239,7 +235,7 @@ impl Shared {
         drop(s);
         for (id, waiting) in expired {
             send_cancel(waiting.token, &id);
-            self.hand_over(waiting, Err(DEADLINE_EXCEEDED));
+            self.hand_over(waiting, Err(GrpcStatusCode::DeadlineExceeded as u32));
         }
     }
 
@@ -262,8 +258,8 @@ impl Shared {
 
     fn stream_answer(&self, token: u32, size: usize) {
         let bytes = calls::buffer(BufferType::GrpcReceiveBuffer, 0, size).unwrap_or_default();
-        let id = match PickResponse::decode(bytes.as_slice()) {
-            Ok(answer) => answer.request_id,
+        let answer = match PickResponse::decode(bytes.as_slice()) {
+            Ok(answer) => answer,
             Err(error) => {
                 log::warn!("kvsteer-filter: undecodable answer on stream {token}: {error}");
                 return;
@@ -273,12 +269,12 @@ impl Shared {
             .streams
             .as_ref()
             .and_then(|s| s.try_borrow_mut().ok())
-            .and_then(|mut s| s.answered(&id));
+            .and_then(|mut s| s.answered(&answer.request_id));
         // None: past its deadline or its client gone; nobody waits.
         // The tick, still at the deadline period, slows down on its own
         // once no pick waits: no host call here on the answer's path.
         if let Some(waiting) = waiting {
-            self.hand_over(waiting, Ok(bytes));
+            self.hand_over(waiting, Ok(Some(answer)));
         }
     }
 
@@ -300,18 +296,18 @@ impl Shared {
         };
         let ended = s.closed(token, status, now);
         drop(s);
-        if !ended.picks.is_empty() {
+        if !ended.is_empty() {
             log::warn!(
                 "kvsteer-filter: pick stream {token} closed (gRPC status {status}) with {} picks unanswered",
-                ended.picks.len()
+                ended.len()
             );
         }
         let status = if status == GrpcStatusCode::Ok as u32 {
-            UNAVAILABLE
+            GrpcStatusCode::Unavailable as u32
         } else {
             status
         };
-        for (_, waiting) in ended.picks {
+        for (_, waiting) in ended {
             self.hand_over(waiting, Err(status));
         }
         self.rearm();

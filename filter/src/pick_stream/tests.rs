@@ -43,7 +43,7 @@ fn unimplemented_backs_off_long_and_other_failures_double() {
     let mut s = PickStreams::<u32>::new(1, AGE);
     s.stream();
     s.opening(0, 1, ms(0));
-    s.closed(1, UNIMPLEMENTED, ms(0));
+    s.closed(1, GrpcStatusCode::Unimplemented as u32, ms(0));
     assert!(s.open_due(RETRY_UNIMPLEMENTED - ms(1)).is_none());
     assert!(s.open_due(RETRY_UNIMPLEMENTED).is_some());
 
@@ -99,7 +99,6 @@ fn a_closed_stream_hands_back_only_its_own_picks() {
     s.sent("c".into(), 12, 9, ms(200));
     let mut ended: Vec<_> = s
         .closed(7, 14, ms(50))
-        .picks
         .into_iter()
         .map(|(id, w)| (id, w.handle))
         .collect();
@@ -145,7 +144,7 @@ fn an_old_stream_is_half_closed_and_replaced_and_still_answers() {
     // The old stream's answer still finds its pick.
     assert_eq!(s.answered("a").map(|w| w.token), Some(7));
     // Its end does not disturb the new stream.
-    assert!(s.closed(7, 0, AGE + ms(1)).picks.is_empty());
+    assert!(s.closed(7, 0, AGE + ms(1)).is_empty());
     assert_eq!(s.stream(), Some(8));
 }
 
