@@ -40,6 +40,8 @@ pub struct RunConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestRecord {
     pub tenant: Tenant,
+    /// The shared-prefix group of a chat prompt (see [`crate::summary::GroupSummary`]).
+    pub group: Option<u32>,
     pub arrival: f64,
     pub worker: usize,
     pub prompt_tokens: u32,
@@ -219,7 +221,7 @@ impl Sim<'_> {
         match &a.what {
             What::Single { prompt, output } => {
                 let tokens = self.plan.prompt(prompt);
-                self.submit(a.tenant, tokens, *output, now);
+                self.submit(a.tenant, prompt.group(), tokens, *output, now);
             }
             &What::Session(s) => {
                 let context = self.plan.session_start(&self.plan.sessions[s]);
@@ -246,7 +248,7 @@ impl Sim<'_> {
             return;
         }
         let prompt = state.context.clone();
-        let id = self.submit(Tenant::Agent, prompt, output, now);
+        let id = self.submit(Tenant::Agent, None, prompt, output, now);
         if self.records[id as usize].rejected {
             self.sessions.remove(&session);
             return;
@@ -256,7 +258,14 @@ impl Sim<'_> {
     }
 
     /// Routes and submits one request; returns its id (its record index).
-    fn submit(&mut self, tenant: Tenant, prompt: Vec<u32>, output: u32, now: f64) -> u64 {
+    fn submit(
+        &mut self,
+        tenant: Tenant,
+        group: Option<u32>,
+        prompt: Vec<u32>,
+        output: u32,
+        now: f64,
+    ) -> u64 {
         let id = self.records.len() as u64;
         let choice = self.router.pick(id, &prompt, now);
         let prompt_tokens = prompt.len() as u32;
@@ -273,6 +282,7 @@ impl Sim<'_> {
         });
         self.records.push(RequestRecord {
             tenant,
+            group,
             arrival: now,
             worker: w,
             prompt_tokens,

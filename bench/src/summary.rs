@@ -1,5 +1,7 @@
 //! From request records to the figures of one run (the JSON contract).
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use super::driver::{RequestRecord, RunOutput};
@@ -63,6 +65,24 @@ pub struct RunSummary {
     /// where a policy wins or loses cache hits.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub by_tenant: Vec<TenantSummary>,
+    /// Where the shared-prefix groups went, in runs that have them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub groups: Option<GroupSummary>,
+}
+
+/// Where a policy placed the shared-prefix groups. A group's first request
+/// picks a worker; a later one sent to a worker the group had not been
+/// sent to yet is a **spread**: that worker prefills another copy of the
+/// group's prefix, and each copy is used (and kept warm) less often: the
+/// price, in cache hits, of spreading a group for its queue.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GroupSummary {
+    pub groups: u64,
+    /// Requests of a group that were placed (not rejected).
+    pub requests: u64,
+    pub spread: u64,
+    /// Workers each group was sent to, on average.
+    pub workers_per_group: f64,
 }
 
 /// One sender's requests in a run with several.
@@ -231,7 +251,33 @@ pub fn summarize(
         engine_steps: out.steps,
         simulated_s: r6(out.end_s),
         by_tenant: by_tenant(&recs),
+        groups: groups(&recs),
     }
+}
+
+/// Placements of the shared-prefix groups; `None` without any.
+fn groups(recs: &[&RequestRecord]) -> Option<GroupSummary> {
+    let mut workers: HashMap<u32, Vec<usize>> = HashMap::new();
+    let mut requests = 0;
+    for r in recs.iter().filter(|r| !r.rejected) {
+        let Some(group) = r.group else { continue };
+        requests += 1;
+        let on = workers.entry(group).or_default();
+        if !on.contains(&r.worker) {
+            on.push(r.worker);
+        }
+    }
+    if workers.is_empty() {
+        return None;
+    }
+    let copies: usize = workers.values().map(Vec::len).sum();
+    Some(GroupSummary {
+        groups: workers.len() as u64,
+        requests,
+        // Every copy beyond a group's first.
+        spread: (copies - workers.len()) as u64,
+        workers_per_group: r6(copies as f64 / workers.len() as f64),
+    })
 }
 
 /// Per-sender figures, empty when every request has the same sender.
@@ -270,6 +316,7 @@ mod tests {
     fn rec(worker: usize, arrival: f64, ttft: f64, e2e: f64) -> RequestRecord {
         RequestRecord {
             tenant: Tenant::Chat,
+            group: None,
             arrival,
             worker,
             prompt_tokens: 100,
@@ -389,5 +436,31 @@ mod tests {
     fn one_arrival_has_no_window() {
         let s = summarize("w", "p", 60.0, 1, &output(vec![rec(0, 0.0, 0.5, 2.0)]));
         assert_eq!(s.served_in_window_rpm, 0.0);
+    }
+
+    #[test]
+    fn a_group_sent_to_a_new_worker_is_a_spread() {
+        let mut records: Vec<RequestRecord> =
+            (0..6).map(|i| rec(0, f64::from(i), 0.5, 2.0)).collect();
+        assert_eq!(
+            summarize("w", "p", 60.0, 2, &output(records.clone())).groups,
+            None
+        );
+        // Group 7 on workers 0, 0, 1, 0 (one spread); group 8 on 1, 1; a
+        // rejected request of group 8 on worker 0 is not a placement.
+        let placements = [(7, 0), (8, 1), (7, 0), (7, 1), (8, 1), (7, 0)];
+        for (r, (group, worker)) in records.iter_mut().zip(placements) {
+            r.group = Some(group);
+            r.worker = worker;
+        }
+        let mut rejected = rec(0, 6.0, 0.5, 2.0);
+        rejected.group = Some(8);
+        rejected.rejected = true;
+        records.push(rejected);
+        let g = summarize("w", "p", 60.0, 2, &output(records))
+            .groups
+            .expect("groups");
+        assert_eq!((g.groups, g.requests, g.spread), (2, 6, 1));
+        assert_eq!(g.workers_per_group, 1.5);
     }
 }

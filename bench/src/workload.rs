@@ -76,6 +76,16 @@ pub enum PromptSpec {
     },
 }
 
+impl PromptSpec {
+    /// The shared-prefix group of a chat prompt.
+    pub fn group(&self) -> Option<u32> {
+        match self {
+            Self::Shared { group, .. } => Some(*group),
+            Self::Unique { .. } | Self::Trace { .. } => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum What {
     Single {

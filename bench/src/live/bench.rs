@@ -156,6 +156,7 @@ impl Mode {
 /// One request as sent and observed.
 struct Sent {
     tenant: Tenant,
+    group: Option<u32>,
     /// When it was sent, in plan seconds from the start of the run.
     arrival: f64,
     prompt_tokens: usize,
@@ -195,10 +196,12 @@ async fn drive(
                         *output,
                     ),
                 };
+                let group = prompt.group();
                 tasks.push(tokio::spawn(async move {
                     let obs = stream_request(&client, &url, &body).await;
                     vec![Sent {
                         tenant,
+                        group,
                         arrival: t,
                         prompt_tokens: ids.len(),
                         obs,
@@ -233,6 +236,7 @@ async fn drive(
     let mut records = Vec::with_capacity(sent.len());
     for Sent {
         tenant,
+        group,
         arrival,
         prompt_tokens,
         obs,
@@ -272,6 +276,7 @@ async fn drive(
         };
         records.push(RequestRecord {
             tenant,
+            group,
             arrival,
             worker,
             prompt_tokens: prompt as u32,
@@ -356,6 +361,7 @@ impl SessionRun<'_> {
         let obs = stream_request(self.client, self.url, body).await;
         out.push(Sent {
             tenant,
+            group: None,
             arrival,
             prompt_tokens,
             obs,
