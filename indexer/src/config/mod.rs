@@ -694,6 +694,8 @@ workers:
         assert!(e.starts_with("scoring.cpu_hit_weight"), "{e}");
         let e = err(&format!("{MINIMAL}scoring:\n  novel_spread: -0.5\n"));
         assert!(e.starts_with("scoring.novel_spread"), "{e}");
+        let e = err(&format!("{MINIMAL}scoring:\n  recompute_weight: -1\n"));
+        assert!(e.starts_with("scoring.recompute_weight"), "{e}");
         let e = err(&format!("{MINIMAL}scoring:\n  policy: magic\n"));
         assert!(e.contains("magic"), "{e}");
         let e = err(&MINIMAL.replace("model: m\n", "model: m\n    kv_events: udp://x\n"));

@@ -29,6 +29,7 @@ pub const DEFAULT_CONGESTION_WEIGHT: f64 = 0.5;
 pub const DEFAULT_ROUTE_WINDOW_S: u64 = 60;
 pub const DEFAULT_PLACEMENT_WINDOW_S: u64 = 600;
 pub const DEFAULT_NOVEL_SPREAD: f64 = 1.0;
+pub const DEFAULT_RECOMPUTE_WEIGHT: f64 = 0.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -95,6 +96,11 @@ pub struct ScoringConfig {
     /// it takes the least loaded, then the one with the least placed on it.
     /// 0: the band stays `tie_ratio`.
     pub novel_spread: f64,
+    /// Weight of the prefill of a prefix another worker already holds: a
+    /// placement that computes it again does that work twice and splits the
+    /// prefix's traffic over two copies, each kept warm less often. 0: a
+    /// copy elsewhere counts for nothing.
+    pub recompute_weight: f64,
 }
 
 // === impl Default ===
@@ -120,6 +126,7 @@ impl Default for ScoringConfig {
             route_window_s: DEFAULT_ROUTE_WINDOW_S,
             placement_window_s: DEFAULT_PLACEMENT_WINDOW_S,
             novel_spread: DEFAULT_NOVEL_SPREAD,
+            recompute_weight: DEFAULT_RECOMPUTE_WEIGHT,
         }
     }
 }
@@ -173,6 +180,9 @@ impl ScoringConfig {
         }
         if !(self.congestion_weight.is_finite() && self.congestion_weight >= 0.0) {
             return Err(invalid("scoring.congestion_weight", "must be >= 0"));
+        }
+        if !(self.recompute_weight.is_finite() && self.recompute_weight >= 0.0) {
+            return Err(invalid("scoring.recompute_weight", "must be >= 0"));
         }
         Ok(())
     }

@@ -13,8 +13,10 @@
 //!          + running × decode_ms_per_running (decode steps sharing the batches)
 //!          + 1000 × uncached / rate          (this request's own prefill)
 //! evicted  = clamp(routed_other + prompt − KV tokens, 0, prompt − routed_prompt)
+//! again    = max over candidates of gpu_hits − gpu_hits
 //! cost_ms  = ttft_ms + 1000 × uncached / rate × congestion_weight × mean backlog
-//!          + 1000 × evicted / rate                                          (rank)
+//!          + 1000 × evicted / rate
+//!          + 1000 × again / rate × recompute_weight × (1 − new_share)       (rank)
 //! ```
 //! A request queued on the worker (picked, no first token yet) prefills
 //! before this one, so the prefix they share counts as cached there: the
@@ -50,6 +52,13 @@
 //! at the start kept it however long its queue grew, and the cluster's
 //! throughput fell to that worker's.
 //! `ttft_ms` stays this request's own prediction (reported, calibrated).
+//!
+//! `again` is a prefix another candidate holds that this one would prefill
+//! again: the cluster does that work twice and splits the prefix's traffic
+//! over two copies, each kept warm half as often. `recompute_weight` (off by
+//! default) charges it; the charge fades with the prompt's new share, because
+//! a new conversation is meant to spread (its follow-ups come back wherever
+//! it lands) and a question on a shared prefix is not.
 //!
 //! `evicted` charges what a placement costs the requests that come back:
 //! the KV index shows only what is cached now, so a conversation whose
@@ -108,6 +117,15 @@ impl Prediction {
     pub fn cost_ms(&self, backlog: f64) -> f64 {
         self.ttft_ms + self.prefill_ms * backlog + self.evict_ms
     }
+
+    /// Prefill time per uncached token on this worker (0 with nothing to prefill).
+    pub fn ms_per_token(&self) -> f64 {
+        if self.uncached_tokens > 0.0 {
+            self.prefill_ms / self.uncached_tokens
+        } else {
+            0.0
+        }
+    }
 }
 
 pub fn predict(cfg: &ScoringConfig, prompt_tokens: u32, w: &WorkerView) -> Prediction {
@@ -123,7 +141,7 @@ pub fn predict(cfg: &ScoringConfig, prompt_tokens: u32, w: &WorkerView) -> Predi
     let running = f64::from(w.decoding).max(w.scraped.map_or(0.0, |s| s.running.max(0.0)));
     let prompt = f64::from(prompt_tokens);
     let cached_anywhere = f64::from(w.gpu_hit_tokens) + f64::from(w.cpu_hit_tokens);
-    let gpu = f64::from(w.gpu_hit_tokens.max(w.queued_hit_tokens).min(prompt_tokens));
+    let gpu = f64::from(gpu_held(prompt_tokens, w));
     let cpu = (cached_anywhere - gpu).clamp(0.0, prompt - gpu);
     // vLLM always computes at least the last prompt token.
     let uncached_tokens = (prompt - gpu - cpu * cfg.cpu_hit_weight).max(prompt.min(1.0));
@@ -147,6 +165,12 @@ pub fn predict(cfg: &ScoringConfig, prompt_tokens: u32, w: &WorkerView) -> Predi
         evicted_tokens,
         evict_ms: 1000.0 * evicted_tokens / rate,
     }
+}
+
+/// The prompt's leading tokens in the worker's GPU cache by the time its
+/// prefill starts: cached now, or prefilled before by a request queued there.
+fn gpu_held(prompt_tokens: u32, w: &WorkerView) -> u32 {
+    w.gpu_hit_tokens.max(w.queued_hit_tokens).min(prompt_tokens)
 }
 
 /// The working set a placement pushes out of the cache: the worker must
@@ -287,11 +311,16 @@ pub(super) fn order(
     tie: impl Fn(&Ranked) -> usize,
 ) {
     let backlog = congestion(cfg, views, candidates);
-    let cost = |r: &Ranked| r.prediction.cost_ms(backlog);
+    let new_share = prompt.new_share(views);
+    let held = |r: &Ranked| gpu_held(prompt.prompt_tokens, &views[r.index]);
+    let most_held = candidates.iter().map(held).max().unwrap_or(0);
+    let recompute = cfg.recompute_weight * (1.0 - new_share);
+    let cost = |r: &Ranked| {
+        let again = f64::from(most_held - held(r));
+        r.prediction.cost_ms(backlog) + recompute * again * r.prediction.ms_per_token()
+    };
     candidates.sort_by(|a, b| cost(a).total_cmp(&cost(b)));
-    let band = cfg
-        .tie_ratio
-        .max(cfg.novel_spread * prompt.new_share(views));
+    let band = cfg.tie_ratio.max(cfg.novel_spread * new_share);
     let best = candidates.first().map_or(0.0, cost);
     let near = candidates
         .iter()
@@ -584,6 +613,35 @@ mod tests {
         assert_eq!(choice_with(&congested, &views(2)), 0);
         // Ranked by this request's TTFT alone, it would spill.
         assert_eq!(choice(&views(2)), 3);
+    }
+
+    /// A prefix cached on one worker and computed again on another is
+    /// prefilled twice: with `recompute_weight` the cold worker is charged
+    /// that work, so a warm worker a little slower keeps the request; a
+    /// much slower one still loses it. A prefix cached nowhere costs nothing.
+    #[test]
+    fn computing_a_held_prefix_again_is_charged() {
+        let recompute = ScoringConfig {
+            recompute_weight: 1.0,
+            ..cfg()
+        };
+        // Warm: 7,000 queued tokens + 2,048 to prefill (904.8 ms) against
+        // cold: 8,192 (819.2 ms), + 614.4 ms for the 6,144 held on worker 0.
+        let views = [warm(7_000, 0), cold()];
+        assert_eq!(choice(&views), 1);
+        assert_eq!(choice_with(&recompute, &views), 0);
+        // Warm behind 14,000 queued tokens (1,604.8 ms): the cold worker wins.
+        assert_eq!(choice_with(&recompute, &[warm(14_000, 0), cold()]), 1);
+        // Held nowhere: nothing to charge, the earlier first token wins.
+        let mut busy = cold();
+        busy.unprefilled_tokens = 1_000;
+        assert_eq!(choice_with(&recompute, &[busy, cold()]), 1);
+        // A request queued there holds it too.
+        let mut queued = busy;
+        queued.queued_hit_tokens = MATCHED;
+        queued.unprefilled_tokens = 7_000;
+        assert_eq!(choice(&[queued, cold()]), 1);
+        assert_eq!(choice_with(&recompute, &[queued, cold()]), 0);
     }
 
     /// Past saturation the congestion charge must not freeze the traffic
