@@ -644,6 +644,34 @@ mod tests {
         assert_eq!(choice_with(&recompute, &[queued, cold()]), 0);
     }
 
+    /// The charge fades with the prompt's new share: a conversation's first
+    /// turn that shares only a system prompt with the holder's traffic goes
+    /// where its first token comes soonest; the same prompt seen before stays.
+    #[test]
+    fn the_recompute_charge_fades_for_new_prompts() {
+        let recompute = ScoringConfig {
+            recompute_weight: 1.0,
+            novel_spread: 0.0,
+            ..cfg()
+        };
+        // Holds 1,024 of 8,192 tokens behind 1,500 queued: 150 + 716.8 ms,
+        // against 819.2 ms cold (+ 102.4 ms for the 1,024 when charged whole).
+        let mut holder = cold();
+        holder.gpu_hit_tokens = 1_024;
+        holder.unprefilled_tokens = 1_500;
+        let views = [holder, cold()];
+        let pick = |prompt| {
+            let t = Rotation {
+                counter: 0,
+                random: 0,
+            };
+            rank_views(Policy::Kvsteer, &recompute, prompt, &views, t)[0].index
+        };
+        assert_eq!(pick(PromptTokens::seen(PROMPT)), 0);
+        // 7/8 of it new: 12.8 ms charged, the cold worker is sooner.
+        assert_eq!(pick(PromptTokens::unseen(PROMPT)), 1);
+    }
+
     /// Past saturation the congestion charge must not freeze the traffic
     /// where it is: the warm worker's queue and the mean backlog grow
     /// together, and with the default weight the predicted wait outgrows
