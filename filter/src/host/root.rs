@@ -16,7 +16,7 @@
 //! One tick serves all of it, at the shortest period any of them needs
 //! (`Shared::rearm`).
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, RefCell, RefMut};
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -150,14 +150,17 @@ impl Shared {
 
     // === PickStream ===
 
+    /// The streams, borrowed; `None` when picks are unary calls only, or
+    /// (never in practice: callbacks do not nest) while they are borrowed.
+    fn streams(&self) -> Option<RefMut<'_, PickStreams<ExchangeHandle>>> {
+        self.streams.as_ref()?.try_borrow_mut().ok()
+    }
+
     /// Sends `pick` on the open stream, for `handle` to get its answer;
     /// false when no stream is open or the send failed (the caller makes
     /// it a unary call).
     pub(crate) fn send_stream_pick(&self, pick: &PickRequest, handle: ExchangeHandle) -> bool {
-        let Some(streams) = &self.streams else {
-            return false;
-        };
-        let (Ok(mut s), Some(now)) = (streams.try_borrow_mut(), since_epoch()) else {
+        let (Some(mut s), Some(now)) = (self.streams(), since_epoch()) else {
             return false;
         };
         let Some(token) = s.stream() else {
@@ -183,11 +186,7 @@ impl Shared {
     /// The client of stream pick `id` went away: the indexer is told, so
     /// it does not commit the pick.
     pub(crate) fn cancel_stream_pick(&self, id: &str) {
-        let token = self
-            .streams
-            .as_ref()
-            .and_then(|s| s.try_borrow_mut().ok())
-            .and_then(|mut s| s.forget(id));
+        let token = self.streams().and_then(|mut s| s.forget(id));
         if let Some(token) = token {
             send_cancel(token, id);
         }
@@ -196,10 +195,7 @@ impl Shared {
     /// The stream's housekeeping, from the tick: deadlines, the open
     /// timeout, rotation and (re)opening.
     fn tend_streams(&self) {
-        let (Some(streams), Some(now)) = (&self.streams, since_epoch()) else {
-            return;
-        };
-        let Ok(mut s) = streams.try_borrow_mut() else {
+        let (Some(mut s), Some(now)) = (self.streams(), since_epoch()) else {
             return;
         };
         let expired = s.expired(now);
@@ -266,9 +262,7 @@ impl Shared {
             }
         };
         let waiting = self
-            .streams
-            .as_ref()
-            .and_then(|s| s.try_borrow_mut().ok())
+            .streams()
             .and_then(|mut s| s.answered(&answer.request_id));
         // None: past its deadline or its client gone; nobody waits.
         // The tick, still at the deadline period, slows down on its own
@@ -279,19 +273,14 @@ impl Shared {
     }
 
     fn stream_established(&self, token: u32) {
-        if let (Some(streams), Some(now)) = (&self.streams, since_epoch())
-            && let Ok(mut s) = streams.try_borrow_mut()
-        {
+        if let (Some(mut s), Some(now)) = (self.streams(), since_epoch()) {
             s.established(token, now);
         }
         self.rearm();
     }
 
     fn stream_closed(&self, token: u32, status: u32) {
-        let (Some(streams), Some(now)) = (&self.streams, since_epoch()) else {
-            return;
-        };
-        let Ok(mut s) = streams.try_borrow_mut() else {
+        let (Some(mut s), Some(now)) = (self.streams(), since_epoch()) else {
             return;
         };
         let ended = s.closed(token, status, now);

@@ -46,6 +46,7 @@ where
 }
 
 /// One stream's picks in flight, by request id and by task.
+#[derive(Default)]
 struct Picks {
     tasks: JoinSet<()>,
     by_id: HashMap<String, AbortHandle>,
@@ -62,11 +63,7 @@ async fn drive<S>(
     let metrics = service.picker.metrics().clone();
     metrics.pick_streams.inc();
     let mut shutdown = service.shutdown.clone();
-    let mut picks = Picks {
-        tasks: JoinSet::new(),
-        by_id: HashMap::new(),
-        by_task: HashMap::new(),
-    };
+    let mut picks = Picks::default();
     // False once the filter half-closed: no more picks, answers still owed.
     let mut open = true;
     loop {
