@@ -18,7 +18,8 @@
 //!   once.
 //! - A stream older than its maximum age (checked on the ticks that run
 //!   while picks wait) is half-closed (it still gets the answers it owes)
-//!   and a new one opened: the indexer cluster's load
+//!   and a new one opened, one slot at a time while another stream is
+//!   open: the indexer cluster's load
 //!   balancer picks a replica per stream, so rotation spreads the workers'
 //!   streams over replicas that came up later.
 //! - Each pick waits until its deadline; the root's tick fails it open
@@ -178,14 +179,24 @@ impl<H> PickStreams<H> {
 
     /// The open streams to half-close because they reached their maximum
     /// age; their slots open successors now, picks meanwhile go on the
-    /// others or unary.
+    /// others. With several slots a stream is half-closed only while
+    /// another one is open, so streams opened together are replaced one
+    /// after the other and picks never fall back to unary calls for a
+    /// rotation; the one left waits for a later tick.
     pub(crate) fn rotate_due(&mut self, now: Duration) -> Vec<u32> {
         let mut old = Vec::new();
-        for s in &mut self.slots {
-            if let State::Open { token, since } = s.state
-                && now.saturating_sub(since) >= self.max_age
+        for i in 0..self.slots.len() {
+            let State::Open { token, since } = self.slots[i].state else {
+                continue;
+            };
+            let another_open = self
+                .slots
+                .iter()
+                .enumerate()
+                .any(|(j, s)| j != i && matches!(s.state, State::Open { .. }));
+            if now.saturating_sub(since) >= self.max_age && (another_open || self.slots.len() == 1)
             {
-                s.state = State::Closed { at: now };
+                self.slots[i].state = State::Closed { at: now };
                 old.push(token);
             }
         }

@@ -189,7 +189,23 @@ fn picks_take_the_open_streams_in_turn_and_survive_one_closing() {
     assert_eq!(s.open_due(ms(2)), Some(0));
     let turns: Vec<_> = (0..4).filter_map(|_| s.stream()).collect();
     assert_eq!(turns, [12, 11, 12, 11]);
-    // All rotate together at their age; each slot opens a successor.
-    assert_eq!(s.rotate_due(AGE + ms(1)), vec![11, 12]);
-    assert_eq!(s.stream(), None);
+    // Both due at once: one is replaced while the other takes the picks.
+    assert_eq!(s.rotate_due(AGE + ms(1)), vec![11]);
+    assert_eq!(s.stream(), Some(12));
+    assert_eq!(
+        s.rotate_due(AGE + ms(2)),
+        Vec::<u32>::new(),
+        "12 is the last open"
+    );
+    assert_eq!(s.open_due(AGE + ms(2)), Some(0));
+    s.opening(0, 20, AGE + ms(2));
+    assert_eq!(
+        s.rotate_due(AGE + ms(3)),
+        Vec::<u32>::new(),
+        "20 not open yet"
+    );
+    s.established(20, AGE + ms(3));
+    assert_eq!(s.rotate_due(AGE + ms(4)), vec![12]);
+    assert_eq!(s.stream(), Some(20));
+    assert_eq!(s.stream(), Some(20), "the successor alone until 12's opens");
 }
