@@ -182,7 +182,8 @@ impl<H> PickStreams<H> {
     /// others. With several slots a stream is half-closed only while
     /// another one is open, so streams opened together are replaced one
     /// after the other and picks never fall back to unary calls for a
-    /// rotation; the one left waits for a later tick.
+    /// rotation. The last open one is kept, past its age, until another
+    /// has opened (a later tick), or for as long as none can.
     pub(crate) fn rotate_due(&mut self, now: Duration) -> Vec<u32> {
         let mut old = Vec::new();
         for i in 0..self.slots.len() {
