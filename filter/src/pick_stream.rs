@@ -185,19 +185,20 @@ impl<H> PickStreams<H> {
     /// rotation. The last open one is kept, past its age, until another
     /// has opened (a later tick), or for as long as none can.
     pub(crate) fn rotate_due(&mut self, now: Duration) -> Vec<u32> {
+        let single = self.slots.len() == 1;
+        let mut open = self
+            .slots
+            .iter()
+            .filter(|s| matches!(s.state, State::Open { .. }))
+            .count();
         let mut old = Vec::new();
-        for i in 0..self.slots.len() {
-            let State::Open { token, since } = self.slots[i].state else {
-                continue;
-            };
-            let another_open = self
-                .slots
-                .iter()
-                .enumerate()
-                .any(|(j, s)| j != i && matches!(s.state, State::Open { .. }));
-            if now.saturating_sub(since) >= self.max_age && (another_open || self.slots.len() == 1)
+        for s in &mut self.slots {
+            if let State::Open { token, since } = s.state
+                && now.saturating_sub(since) >= self.max_age
+                && (open > 1 || single)
             {
-                self.slots[i].state = State::Closed { at: now };
+                s.state = State::Closed { at: now };
+                open -= 1;
                 old.push(token);
             }
         }
