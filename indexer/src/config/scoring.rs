@@ -30,6 +30,10 @@ pub const DEFAULT_ROUTE_WINDOW_S: u64 = 60;
 pub const DEFAULT_PLACEMENT_WINDOW_S: u64 = 600;
 pub const DEFAULT_NOVEL_SPREAD: f64 = 1.0;
 pub const DEFAULT_RECOMPUTE_WEIGHT: f64 = 0.0;
+/// A holder's queue counts in full against keeping its prefix's requests
+/// after 10 s (`sim/BENCHMARKS-DIARY.md`, "4 Dec (late): lasting queues and
+/// even placement"): 5 and 20 s gave the same sweeps within noise.
+pub const DEFAULT_LASTING_QUEUE_S: f64 = 10.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -101,6 +105,13 @@ pub struct ScoringConfig {
     /// prefix's traffic over two copies, each kept warm less often. 0: a
     /// copy elsewhere counts for nothing.
     pub recompute_weight: f64,
+    /// A queue on a worker holding the prompt's prefix counts in full
+    /// against keeping the prompt there only once it has lasted this long
+    /// (seconds without the worker's first-token backlog running dry, as
+    /// picks see it); a younger one counts for its share of this. A burst
+    /// drains by itself, and moving a prompt off its prefix prefills the
+    /// prefix again elsewhere. 0: every queue counts in full.
+    pub lasting_queue_s: f64,
 }
 
 // === impl Default ===
@@ -127,6 +138,7 @@ impl Default for ScoringConfig {
             placement_window_s: DEFAULT_PLACEMENT_WINDOW_S,
             novel_spread: DEFAULT_NOVEL_SPREAD,
             recompute_weight: DEFAULT_RECOMPUTE_WEIGHT,
+            lasting_queue_s: DEFAULT_LASTING_QUEUE_S,
         }
     }
 }
@@ -183,6 +195,9 @@ impl ScoringConfig {
         }
         if !(self.recompute_weight.is_finite() && self.recompute_weight >= 0.0) {
             return Err(invalid("scoring.recompute_weight", "must be >= 0"));
+        }
+        if !(self.lasting_queue_s.is_finite() && self.lasting_queue_s >= 0.0) {
+            return Err(invalid("scoring.lasting_queue_s", "must be >= 0"));
         }
         Ok(())
     }

@@ -10,6 +10,7 @@
 //! tick expires what never closed.
 
 mod commit;
+mod queue_age;
 pub mod report;
 mod view;
 
@@ -60,6 +61,8 @@ pub struct Picker {
     ledger: Ledger,
     metrics: Arc<Metrics>,
     routes: RouteMemory,
+    /// How long each worker's queue has lasted, as picks saw it.
+    queue_age: queue_age::QueueAge,
     counter: AtomicUsize,
     encoder: Encoder,
 }
@@ -215,6 +218,7 @@ impl Picker {
         Self {
             encoder,
             routes,
+            queue_age: queue_age::QueueAge::new(workers.capacity()),
             ledger,
             policy: cfg.scoring.policy,
             scoring: cfg.scoring.clone(),
@@ -259,6 +263,7 @@ impl Picker {
     pub fn forget_worker(&self, slot: usize, name: &str) -> usize {
         let dropped = self.ledger.forget(slot);
         self.routes.forget(slot);
+        self.queue_age.forget(slot);
         self.metrics.forget_worker(name);
         dropped
     }
@@ -380,6 +385,11 @@ impl Picker {
             random: at.random,
         };
         let views = &view.views;
+        if mode != Mode::DryRun {
+            for (w, v) in workers.iter().zip(views) {
+                self.queue_age.observe(w.slot, v.backlog() > 0.0, at.now);
+            }
+        }
         // Each worker predicted once: ranked, and reported for every one.
         let predictions = scoring::predict_all(&self.scoring, prompt_tokens, views);
         let ranked = scoring::rank(

@@ -79,7 +79,7 @@ impl Picker {
             .iter()
             .map(|w| {
                 let found = matches.remove(&w.id);
-                let view = worker_view(
+                let mut view = worker_view(
                     w.is_up(self.down_after),
                     found.as_ref(),
                     model.block_size,
@@ -87,6 +87,8 @@ impl Picker {
                     w.health.load(),
                     routes.worker(w.slot),
                 );
+                let queued = view.backlog() > 0.0;
+                view.queue_age_s = self.queue_age.age_s(w.slot, queued, now);
                 (found, view)
             })
             .unzip();
@@ -132,9 +134,12 @@ fn worker_view(
             .routed
             .other_blocks
             .saturating_mul(u64::from(block_size)),
+        placed_prompt_tokens: routes.placed.prompt_blocks.saturating_mul(block_size),
         placed_other_tokens: routes
             .placed
             .other_blocks
             .saturating_mul(u64::from(block_size)),
+        // Set by the caller, from the worker's backlog in this view.
+        queue_age_s: None,
     }
 }

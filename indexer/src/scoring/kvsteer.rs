@@ -16,7 +16,8 @@
 //! again    = max over candidates of gpu_hits − gpu_hits
 //! cost_ms  = ttft_ms + 1000 × uncached / rate × congestion_weight × mean backlog
 //!          + 1000 × evicted / rate
-//!          + 1000 × again / rate × recompute_weight × (1 − new_share)       (rank)
+//!          + 1000 × again / rate × recompute_weight × (1 − new_share)
+//!          − queue_ms × (1 − min(1, queue age / lasting_queue_s))  (holders only)  (rank)
 //! ```
 //! A request queued on the worker (picked, no first token yet) prefills
 //! before this one, so the prefix they share counts as cached there: the
@@ -59,6 +60,16 @@
 //! default) charges it; the charge fades with the prompt's new share, because
 //! a new conversation is meant to spread (its follow-ups come back wherever
 //! it lands) and a question on a shared prefix is not.
+//!
+//! A holder (a worker with more of the prompt than some other candidate,
+//! and as much as any; when none has more than another, the worker the
+//! prompt was placed on within `placement_window_s`, its home) is charged
+//! its queue only as far as the queue lasts: a queue younger than `lasting_queue_s` (10 s) counts
+//! for its age's share of it. A burst drains by itself; a request moved
+//! off its prefix for it prefills the prefix again elsewhere, and past
+//! capacity that extra work is what makes every queue grow. A queue that
+//! lasts still moves the prompt, which is what relieves a worker that
+//! took too many groups.
 //!
 //! `evicted` charges what a placement costs the requests that come back:
 //! the KV index shows only what is cached now, so a conversation whose
@@ -289,8 +300,14 @@ pub fn calibrate(
     (1000.0 / next).clamp(lo, hi)
 }
 
+/// A prompt at least this new (share of its tokens neither cached nor seen
+/// recently) starts a conversation or document: among the near ties it
+/// goes to the smallest working set before the least loaded worker.
+pub const NEW_PROMPT_SHARE: f64 = 0.5;
+
 /// The `kvsteer` order of `candidates` (their predictions made): by cost,
-/// then the near-ties by load and what each worker holds for others.
+/// then the near-ties by where the prompt was placed, load and what each
+/// worker holds for others.
 ///
 /// Prefill is the shared resource: a placement also delays the requests
 /// that will queue behind it, about as many as wait for a first token on a
@@ -302,7 +319,15 @@ pub fn calibrate(
 /// near-identical calibrated rates don't decide every cold pick. The band
 /// is `tie_ratio`, wider for what is new: where a new conversation or
 /// document lands decides where its follow-ups go, so its placement counts
-/// for longer than its first token.
+/// for longer than its first token. For the same reason a prompt at least
+/// [`NEW_PROMPT_SHARE`] new takes the smallest working set before the
+/// least loaded worker: the load of the moment passes, the groups a worker
+/// has taken on stay (`sim/BENCHMARKS-DIARY.md`, "4 Dec (late): lasting
+/// queues and even placement"). And a prompt that no worker holds more of
+/// than another (its cache reset or evicted everywhere) goes first to the
+/// worker it was placed on in the placement window, which also counts as
+/// its holder for the lasting-queue rule: a group placed evenly stays even
+/// after its caches are gone.
 pub(super) fn order(
     cfg: &ScoringConfig,
     prompt: PromptTokens,
@@ -314,10 +339,29 @@ pub(super) fn order(
     let new_share = prompt.new_share(views);
     let held = |r: &Ranked| gpu_held(prompt.prompt_tokens, &views[r.index]);
     let most_held = candidates.iter().map(held).max().unwrap_or(0);
+    let least_held = candidates.iter().map(held).min().unwrap_or(0);
+    let held_alike = most_held == least_held;
+    // Cached nowhere (or alike everywhere), the prompt's home is where it
+    // was placed: that worker holds it for the rules below.
+    let placed = |r: &Ranked| views[r.index].placed_prompt_tokens;
+    let most_placed = candidates.iter().map(placed).max().unwrap_or(0);
+    let least_placed = candidates.iter().map(placed).min().unwrap_or(0);
+    let holds = |r: &Ranked| {
+        if held_alike {
+            most_placed > least_placed && placed(r) == most_placed
+        } else {
+            held(r) == most_held
+        }
+    };
     let recompute = cfg.recompute_weight * (1.0 - new_share);
     let cost = |r: &Ranked| {
         let again = f64::from(most_held - held(r));
-        r.prediction.cost_ms(backlog) + recompute * again * r.prediction.ms_per_token()
+        let burst = if holds(r) {
+            (1.0 - lasting(cfg, &views[r.index])) * r.prediction.queue_ms
+        } else {
+            0.0
+        };
+        r.prediction.cost_ms(backlog) + recompute * again * r.prediction.ms_per_token() - burst
     };
     candidates.sort_by(|a, b| cost(a).total_cmp(&cost(b)));
     let band = cfg.tie_ratio.max(cfg.novel_spread * new_share);
@@ -326,14 +370,35 @@ pub(super) fn order(
         .iter()
         .take_while(|r| cost(r) <= best * (1.0 + band))
         .count();
+    let starts_something = new_share >= NEW_PROMPT_SHARE;
     candidates[..near].sort_by(|a, b| {
         let (va, vb) = (&views[a.index], &views[b.index]);
-        va.load()
-            .total_cmp(&vb.load())
-            .then(va.routed_other_tokens.cmp(&vb.routed_other_tokens))
+        let home = if held_alike {
+            placed(b).cmp(&placed(a))
+        } else {
+            std::cmp::Ordering::Equal
+        };
+        let load = va.load().total_cmp(&vb.load());
+        let routed = va.routed_other_tokens.cmp(&vb.routed_other_tokens);
+        let first = if starts_something {
+            routed.then(load)
+        } else {
+            load.then(routed)
+        };
+        home.then(first)
             .then(va.placed_other_tokens.cmp(&vb.placed_other_tokens))
             .then_with(|| tie(a).cmp(&tie(b)))
     });
+}
+
+/// How much of a worker's queue counts as lasting (0..=1): its age as a
+/// share of `lasting_queue_s`, in full when its age is unknown or the
+/// setting is 0.
+fn lasting(cfg: &ScoringConfig, w: &WorkerView) -> f64 {
+    match w.queue_age_s {
+        Some(age) if cfg.lasting_queue_s > 0.0 => (age / cfg.lasting_queue_s).clamp(0.0, 1.0),
+        _ => 1.0,
+    }
 }
 
 /// The number of requests a placement's prefill delays: the mean backlog
@@ -670,6 +735,57 @@ mod tests {
         assert_eq!(pick(PromptTokens::seen(PROMPT)), 0);
         // 7/8 of it new: 12.8 ms charged, the cold worker is sooner.
         assert_eq!(pick(PromptTokens::unseen(PROMPT)), 1);
+    }
+
+    /// A holder's queue counts against keeping the prompt only as far as it
+    /// has lasted: a burst keeps the request on its prefix, a queue of
+    /// `lasting_queue_s` or more (or of unknown age) moves it as before.
+    /// Workers holding no more than the others are never discounted.
+    #[test]
+    fn a_burst_on_the_holder_keeps_the_request_a_lasting_queue_moves_it() {
+        let lasting = cfg();
+        assert_eq!(lasting.lasting_queue_s, 10.0);
+        let off = ScoringConfig {
+            lasting_queue_s: 0.0,
+            ..cfg()
+        };
+        // Warm behind 7,000 queued tokens: 700 + 204.8 ms, cold 819.2 ms.
+        let aged = |age| {
+            let mut w = warm(7_000, 0);
+            w.queue_age_s = age;
+            [w, cold()]
+        };
+        assert_eq!(choice_with(&off, &aged(Some(1.0))), 1, "off: in full");
+        assert_eq!(
+            choice_with(&lasting, &aged(Some(1.0))),
+            0,
+            "a burst: 70 ms counted"
+        );
+        assert_eq!(
+            choice_with(&lasting, &aged(Some(5.0))),
+            0,
+            "half of it: 350 ms"
+        );
+        assert_eq!(
+            choice_with(&lasting, &aged(Some(10.0))),
+            1,
+            "lasted: in full"
+        );
+        assert_eq!(choice_with(&lasting, &aged(Some(60.0))), 1);
+        assert_eq!(
+            choice_with(&lasting, &aged(None)),
+            1,
+            "unknown age: in full"
+        );
+        // Nobody holds more than the others: the younger queue gets no
+        // discount, the shorter one wins.
+        let mut young = cold();
+        young.unprefilled_tokens = 3_000;
+        young.queue_age_s = Some(0.5);
+        let mut old = cold();
+        old.unprefilled_tokens = 2_000;
+        old.queue_age_s = Some(30.0);
+        assert_eq!(choice_with(&lasting, &[young, old]), 1);
     }
 
     /// Past saturation the congestion charge must not freeze the traffic

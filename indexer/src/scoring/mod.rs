@@ -41,9 +41,17 @@ pub struct WorkerView {
     /// Other prompts' tokens we routed to it recently: the working set its
     /// cache would have to hold for those requests' next turns to hit.
     pub routed_other_tokens: u64,
+    /// This prompt's tokens routed to it within `placement_window_s`
+    /// (whole blocks), cached there or not: where its conversation or
+    /// document was placed.
+    pub placed_prompt_tokens: u32,
     /// Other prompts' tokens routed to it within `placement_window_s`: the
     /// conversations and documents it has taken on, cached there or not.
     pub placed_other_tokens: u64,
+    /// Seconds since a committed pick last found it without a first-token
+    /// backlog (0: it has none now); `None` when none has, which counts as
+    /// a lasting queue.
+    pub queue_age_s: Option<f64>,
 }
 
 /// The engine's own view of its load (vLLM gauges).
@@ -355,6 +363,83 @@ mod tests {
         views[1].routed_other_tokens = 1_000;
         views[2].placed_other_tokens = 20_000;
         assert!((0..3).all(|c| order(Policy::Kvsteer, &views, c) == [2, 0, 1]));
+    }
+
+    /// A new prompt (a group's or conversation's first request) takes the
+    /// smallest working set before the least loaded worker: the load of the
+    /// moment passes, what a worker has taken on stays. A known prompt keeps
+    /// the load first.
+    #[test]
+    fn new_prompts_tie_to_the_smaller_working_set_before_the_load() {
+        let mut views = vec![idle(1000.0); 3];
+        views[0].in_flight = 3;
+        views[0].routed_other_tokens = 1_000;
+        views[1].routed_other_tokens = 9_000;
+        views[2].in_flight = 1;
+        views[2].routed_other_tokens = 5_000;
+        let first = |prompt: PromptTokens| {
+            rank_views(
+                Policy::Kvsteer,
+                &ScoringConfig::default(),
+                prompt,
+                &views,
+                turn(0),
+            )
+            .iter()
+            .map(|r| r.index)
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(first(PromptTokens::unseen(1000)), [0, 2, 1]);
+        assert_eq!(first(PromptTokens::seen(1000)), [1, 2, 0]);
+        // Under half new: known.
+        let mostly_seen = PromptTokens {
+            prompt_tokens: 1000,
+            seen_tokens: 600,
+        };
+        assert_eq!(first(mostly_seen), [1, 2, 0]);
+    }
+
+    /// A prompt cached nowhere (its caches were reset or evicted) goes back
+    /// to the worker it was placed on, before the least loaded, and that
+    /// worker counts as its holder for the lasting-queue rule: its group's
+    /// place stays. Where a worker holds more of it, the cost decides and
+    /// the placement memory breaks no tie.
+    #[test]
+    fn a_prompt_cached_nowhere_goes_back_where_it_was_placed() {
+        let mut views = vec![idle(1000.0); 3];
+        views[1].in_flight = 2;
+        views[1].placed_prompt_tokens = 800;
+        views[2].placed_prompt_tokens = 400;
+        let first = |views: &[WorkerView]| {
+            rank_views(
+                Policy::Kvsteer,
+                &ScoringConfig::default(),
+                PromptTokens::seen(1000),
+                views,
+                turn(0),
+            )[0]
+            .index
+        };
+        assert_eq!(first(&views), 1);
+        // A block of it cached everywhere: held alike, still the placement.
+        let mut held = views.clone();
+        for v in &mut held {
+            v.gpu_hit_tokens = 16;
+        }
+        assert_eq!(first(&held), 1);
+        // Workers 0 and 2 hold more than worker 1 (a near tie at 1000
+        // tok/s): the load decides again.
+        held[1].gpu_hit_tokens = 0;
+        assert_eq!(first(&held), 0);
+        // Its home has a queue (300 ms ahead): a burst keeps the prompt
+        // there, a queue that has lasted (or of unknown age) moves it.
+        let mut home = views.clone();
+        home[1].in_flight = 0;
+        home[1].unprefilled_tokens = 300;
+        home[1].queue_age_s = Some(1.0);
+        assert_eq!(first(&home), 1);
+        home[1].queue_age_s = None;
+        assert_ne!(first(&home), 1);
     }
 
     #[test]
