@@ -273,10 +273,20 @@ mod tests {
     }
 
     fn order(policy: Policy, views: &[WorkerView], counter: usize) -> Vec<usize> {
+        kvsteer_order_of(policy, PromptTokens::seen(1000), views, counter)
+    }
+
+    /// `rank` with the default scoring: the workers' indices, best first.
+    fn kvsteer_order_of(
+        policy: Policy,
+        prompt: PromptTokens,
+        views: &[WorkerView],
+        counter: usize,
+    ) -> Vec<usize> {
         rank_views(
             policy,
             &ScoringConfig::default(),
-            PromptTokens::seen(1000),
+            prompt,
             views,
             turn(counter),
         )
@@ -377,18 +387,7 @@ mod tests {
         views[1].routed_other_tokens = 9_000;
         views[2].in_flight = 1;
         views[2].routed_other_tokens = 5_000;
-        let first = |prompt: PromptTokens| {
-            rank_views(
-                Policy::Kvsteer,
-                &ScoringConfig::default(),
-                prompt,
-                &views,
-                turn(0),
-            )
-            .iter()
-            .map(|r| r.index)
-            .collect::<Vec<_>>()
-        };
+        let first = |prompt| kvsteer_order_of(Policy::Kvsteer, prompt, &views, 0);
         assert_eq!(first(PromptTokens::unseen(1000)), [0, 2, 1]);
         assert_eq!(first(PromptTokens::seen(1000)), [1, 2, 0]);
         // Under half new: known.
@@ -410,16 +409,7 @@ mod tests {
         views[1].in_flight = 2;
         views[1].placed_prompt_tokens = 800;
         views[2].placed_prompt_tokens = 400;
-        let first = |views: &[WorkerView]| {
-            rank_views(
-                Policy::Kvsteer,
-                &ScoringConfig::default(),
-                PromptTokens::seen(1000),
-                views,
-                turn(0),
-            )[0]
-            .index
-        };
+        let first = |views: &[WorkerView]| order(Policy::Kvsteer, views, 0)[0];
         assert_eq!(first(&views), 1);
         // A block of it cached everywhere: held alike, still the placement.
         let mut held = views.clone();
