@@ -107,8 +107,9 @@ pub struct ScoringConfig {
     pub recompute_weight: f64,
     /// A queue on a worker holding the prompt's prefix counts in full
     /// against keeping the prompt there only once it has lasted this long
-    /// (seconds without the worker's first-token backlog running dry, as
-    /// picks see it); a younger one counts for its share of this. A burst
+    /// (seconds since a committed pick last found the worker with no
+    /// request waiting for a first token); a younger one counts for its
+    /// share of this. A burst
     /// drains by itself, and moving a prompt off its prefix prefills the
     /// prefix again elsewhere. 0: every queue counts in full.
     pub lasting_queue_s: f64,

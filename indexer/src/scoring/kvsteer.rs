@@ -64,8 +64,9 @@
 //! A holder (a worker with more of the prompt than some other candidate,
 //! and as much as any; when none has more than another, the worker the
 //! prompt was placed on within `placement_window_s`, its home) is charged
-//! its queue only as far as the queue lasts: a queue younger than `lasting_queue_s` (10 s) counts
-//! for its age's share of it. A burst drains by itself; a request moved
+//! its queue only as far as the queue lasts: a queue younger than
+//! `lasting_queue_s` (10 s) counts for its age's share of it. A burst
+//! drains by itself; a request moved
 //! off its prefix for it prefills the prefix again elsewhere, and past
 //! capacity that extra work is what makes every queue grow. A queue that
 //! lasts still moves the prompt, which is what relieves a worker that
@@ -346,9 +347,10 @@ pub(super) fn order(
     let placed = |r: &Ranked| views[r.index].placed_prompt_tokens;
     let most_placed = candidates.iter().map(placed).max().unwrap_or(0);
     let least_placed = candidates.iter().map(placed).min().unwrap_or(0);
+    let has_home = held_alike && most_placed > least_placed;
     let holds = |r: &Ranked| {
         if held_alike {
-            most_placed > least_placed && placed(r) == most_placed
+            has_home && placed(r) == most_placed
         } else {
             held(r) == most_held
         }
@@ -373,7 +375,7 @@ pub(super) fn order(
     let starts_something = new_share >= NEW_PROMPT_SHARE;
     candidates[..near].sort_by(|a, b| {
         let (va, vb) = (&views[a.index], &views[b.index]);
-        let home = if held_alike {
+        let home = if has_home {
             placed(b).cmp(&placed(a))
         } else {
             std::cmp::Ordering::Equal

@@ -273,11 +273,12 @@ mod tests {
     }
 
     fn order(policy: Policy, views: &[WorkerView], counter: usize) -> Vec<usize> {
-        kvsteer_order_of(policy, PromptTokens::seen(1000), views, counter)
+        order_for(policy, PromptTokens::seen(1000), views, counter)
     }
 
-    /// `rank` with the default scoring: the workers' indices, best first.
-    fn kvsteer_order_of(
+    /// `rank` of `prompt` by `policy` with the default scoring: the
+    /// workers' indices, best first.
+    fn order_for(
         policy: Policy,
         prompt: PromptTokens,
         views: &[WorkerView],
@@ -387,7 +388,7 @@ mod tests {
         views[1].routed_other_tokens = 9_000;
         views[2].in_flight = 1;
         views[2].routed_other_tokens = 5_000;
-        let first = |prompt| kvsteer_order_of(Policy::Kvsteer, prompt, &views, 0);
+        let first = |prompt| order_for(Policy::Kvsteer, prompt, &views, 0);
         assert_eq!(first(PromptTokens::unseen(1000)), [0, 2, 1]);
         assert_eq!(first(PromptTokens::seen(1000)), [1, 2, 0]);
         // Under half new: known.
