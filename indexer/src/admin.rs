@@ -326,6 +326,7 @@ async fn score(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> 
                 "queue_ms": c.prediction.queue_ms,
                 "prefill_ms": c.prediction.prefill_ms,
                 "in_flight": c.in_flight,
+                "queue_age_s": c.queue_age_s,
             })
         })
         .collect();

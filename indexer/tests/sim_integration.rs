@@ -336,6 +336,10 @@ async fn sim_engines_conversation_and_restart() {
         "{score}"
     );
     assert_eq!(w1["matched_tokens"], json!(0), "{score}");
+    // Nothing waits for a first token anywhere: no queue, of age 0.
+    for w in [w1, w2] {
+        assert_eq!(w["queue_age_s"], json!(0.0), "{score}");
+    }
 
     // w2's engine restarts on the same ports: its seq starts over and the
     // indexer drops everything it had announced. (The grace is long: the

@@ -139,6 +139,8 @@ pub struct Candidate {
     pub matched_tokens: u32,
     pub prediction: Prediction,
     pub in_flight: u32,
+    /// How long its first-token queue has lasted (see [`WorkerView::queue_age_s`]).
+    pub queue_age_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -411,6 +413,7 @@ impl Picker {
                 matched_tokens: v.matched_tokens().min(prompt_tokens),
                 prediction,
                 in_flight: v.in_flight,
+                queue_age_s: v.queue_age_s,
             })
             .collect();
         let Some(best) = ranked.first() else {

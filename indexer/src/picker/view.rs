@@ -87,6 +87,10 @@ impl Picker {
                     w.health.load(),
                     routes.worker(w.slot),
                 );
+                view.indexed_tokens = self
+                    .index
+                    .worker_blocks(w.id)
+                    .saturating_mul(u64::from(model.block_size));
                 let queued = view.backlog() > 0.0;
                 view.queue_age_s = self.queue_age.age_s(w.slot, queued, now);
                 (found, view)
@@ -139,7 +143,8 @@ fn worker_view(
             .placed
             .other_blocks
             .saturating_mul(u64::from(block_size)),
-        // Set by the caller, from the worker's backlog in this view.
+        // Set by the caller, from the index and the worker's backlog.
+        indexed_tokens: 0,
         queue_age_s: None,
     }
 }

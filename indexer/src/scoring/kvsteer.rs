@@ -63,14 +63,14 @@
 //!
 //! A holder (a worker with more of the prompt than some other candidate,
 //! and as much as any; when none has more than another, the worker the
-//! prompt was placed on within `placement_window_s`, its home) is charged
-//! its queue only as far as the queue lasts: a queue younger than
-//! `lasting_queue_s` (10 s) counts for its age's share of it. A burst
-//! drains by itself; a request moved
-//! off its prefix for it prefills the prefix again elsewhere, and past
-//! capacity that extra work is what makes every queue grow. A queue that
-//! lasts still moves the prompt, which is what relieves a worker that
-//! took too many groups.
+//! prompt was placed on within `placement_window_s`, its home, while its
+//! cache has room or the prompt was routed there within the route window)
+//! is charged its queue only as far as the queue lasts: a queue younger
+//! than `lasting_queue_s` (10 s) counts for its age's share of it. A burst
+//! drains by itself; a request moved off its prefix for it prefills the
+//! prefix again elsewhere, and past capacity that extra work is what makes
+//! every queue grow. A queue that lasts still moves the prompt, which is
+//! what relieves a worker that took too many groups.
 //!
 //! `evicted` charges what a placement costs the requests that come back:
 //! the KV index shows only what is cached now, so a conversation whose
@@ -327,8 +327,9 @@ pub const NEW_PROMPT_SHARE: f64 = 0.5;
 /// queues and even placement"). And a prompt that no worker holds more of
 /// than another (its cache reset or evicted everywhere) goes first to the
 /// worker it was placed on in the placement window, which also counts as
-/// its holder for the lasting-queue rule: a group placed evenly stays even
-/// after its caches are gone.
+/// its holder for the lasting-queue rule while it keeps the prompt
+/// ([`home_keeps`]): a group placed evenly stays even after its caches
+/// were reset.
 pub(super) fn order(
     cfg: &ScoringConfig,
     prompt: PromptTokens,
@@ -350,7 +351,7 @@ pub(super) fn order(
     let has_home = held_alike && most_placed > least_placed;
     let holds = |r: &Ranked| {
         if held_alike {
-            has_home && placed(r) == most_placed
+            has_home && placed(r) == most_placed && home_keeps(&views[r.index])
         } else {
             held(r) == most_held
         }
@@ -391,6 +392,29 @@ pub(super) fn order(
             .then(va.placed_other_tokens.cmp(&vb.placed_other_tokens))
             .then_with(|| tie(a).cmp(&tie(b)))
     });
+}
+
+/// A cache whose indexed blocks fill this share of it evicts a block for
+/// every block it stores.
+pub const FULL_CACHE_SHARE: f64 = 0.9;
+
+/// Whether a home (the worker a prompt cached nowhere was placed on)
+/// still counts as its holder: its cache has room, so the prompt was lost
+/// to a reset or a restart and the group placed there stays; or the prompt
+/// was routed there within the route window, so its group is active there
+/// and the copy was evicted moments ago. A full cache that has not seen
+/// the prompt for a route window evicted it for good: it is as cold there
+/// as anywhere.
+fn home_keeps(w: &WorkerView) -> bool {
+    has_room(w) || w.routed_prompt_tokens > 0
+}
+
+/// Whether the worker's cache has room: the index holds less than
+/// [`FULL_CACHE_SHARE`] of its size (every tier counted). With the size
+/// unknown (the engine does not export it) it has room.
+fn has_room(w: &WorkerView) -> bool {
+    let capacity = w.scraped.map_or(0.0, |s| s.kv_capacity_tokens);
+    capacity <= 0.0 || (w.indexed_tokens as f64) < FULL_CACHE_SHARE * capacity
 }
 
 /// How much of a worker's queue counts as lasting (0..=1): its age as a

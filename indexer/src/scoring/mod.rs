@@ -48,6 +48,9 @@ pub struct WorkerView {
     /// Other prompts' tokens routed to it within `placement_window_s`: the
     /// conversations and documents it has taken on, cached there or not.
     pub placed_other_tokens: u64,
+    /// Tokens the index holds for it (whole blocks, every tier): how full
+    /// its cache is.
+    pub indexed_tokens: u64,
     /// Seconds since a committed pick last found it without a first-token
     /// backlog (0: it has none now); `None` when none has, which counts as
     /// a lasting queue.
@@ -401,9 +404,11 @@ mod tests {
 
     /// A prompt cached nowhere (its caches were reset or evicted) goes back
     /// to the worker it was placed on, before the least loaded, and that
-    /// worker counts as its holder for the lasting-queue rule: its group's
-    /// place stays. Where a worker holds more of it, the cost decides and
-    /// the placement memory breaks no tie.
+    /// worker counts as its holder for the lasting-queue rule while it
+    /// keeps the prompt (room in its cache, or the prompt routed there
+    /// within the route window): its group's place stays. Where a worker
+    /// holds more of it, the cost decides and the placement memory breaks
+    /// no tie.
     #[test]
     fn a_prompt_cached_nowhere_goes_back_where_it_was_placed() {
         let mut views = vec![idle(1000.0); 3];
@@ -431,6 +436,22 @@ mod tests {
         assert_eq!(first(&home), 1);
         home[1].queue_age_s = None;
         assert_ne!(first(&home), 1);
+        // A full home that has not seen the prompt for a route window
+        // evicted it: it is as cold there as anywhere, so even a burst
+        // moves it. With room (its cache was reset), or with the prompt
+        // routed there within the route window, the burst keeps it.
+        home[1].queue_age_s = Some(1.0);
+        home[1].scraped = Some(ScrapedLoad {
+            kv_capacity_tokens: 10_000.0,
+            ..ScrapedLoad::default()
+        });
+        home[1].indexed_tokens = 9_500;
+        assert_ne!(first(&home), 1);
+        home[1].routed_prompt_tokens = 800;
+        assert_eq!(first(&home), 1);
+        home[1].routed_prompt_tokens = 0;
+        home[1].indexed_tokens = 5_000;
+        assert_eq!(first(&home), 1);
     }
 
     #[test]
