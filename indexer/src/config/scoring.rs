@@ -109,9 +109,9 @@ pub struct ScoringConfig {
     /// against keeping the prompt there only once it has lasted this long
     /// (seconds since a committed pick last found the worker with no
     /// request waiting for a first token); a younger one counts for its
-    /// share of this. A burst
-    /// drains by itself, and moving a prompt off its prefix prefills the
-    /// prefix again elsewhere. 0: every queue counts in full.
+    /// share of this. A burst drains by itself, and moving a prompt off its
+    /// prefix prefills the prefix again elsewhere. 0: every queue counts in
+    /// full.
     pub lasting_queue_s: f64,
 }
 
