@@ -7,7 +7,10 @@
 //! A slow pick is a real slow tokenization: the model's chat template
 //! spins `N` × 10,000 loop rounds for a system message whose content is
 //! `N`, so a tiny request keeps its handler busy for seconds without any
-//! hook in the service.
+//! hook in the service. Every prompt counts as large here
+//! (`large_prompt_bytes: 0`), so it is rendered on a blocking thread as a
+//! slow pick in production is, and a test acts once the
+//! `kvsteer_tokenize_large_running` gauge shows the pick being rendered.
 
 mod common;
 
@@ -23,17 +26,12 @@ use tonic::{Streaming, transport::Channel};
 const MODEL: &str = "m";
 /// Outer rounds of the template's spin for a slow pick (seconds of
 /// rendering; 1,000 rounds took under a second once the indexer moved to
-/// jemalloc); the tests act well within the first of them.
+/// jemalloc); a test acts within milliseconds of its start.
 const SLOW: u32 = 4_000;
-/// How long a test waits after sending a slow pick before acting on it:
-/// long enough for the request to reach its handler, far shorter than
-/// the pick.
-const SETTLE: Duration = Duration::from_millis(300);
 
 /// One service at a time: each slow pick keeps a core busy for seconds,
-/// and several at once on a 2-core machine starve the runtime threads
-/// that deliver the cancel or reset a test is about, so it can arrive
-/// after the pick passed the point where it could still be dropped.
+/// and several at once on a 2-core machine would slow the runtime
+/// threads that deliver the cancel or reset a test is about.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct Service {
@@ -78,6 +76,7 @@ async fn start() -> Service {
         "grpc_listen: 127.0.0.1:0
 admin_listen: 127.0.0.1:0
 models: [{{name: {MODEL}, tokenizer: '{dir}'}}]
+tokenize: {{large_prompt_bytes: 0}}
 workers:
   - {{name: w1, endpoint: '127.0.0.1:1', model: {MODEL}}}
   - {{name: w2, endpoint: '127.0.0.1:2', model: {MODEL}}}
@@ -193,6 +192,12 @@ impl Service {
         .await;
     }
 
+    /// Waits until a slow pick is being rendered (its handler holds it).
+    async fn rendering(&self) {
+        self.wait_metric("kvsteer_tokenize_large_running", 1.0)
+            .await;
+    }
+
     /// Waits until the pick's fate is known: counted in flight (routed)
     /// or abandoned for any reason.
     async fn settled(&self) {
@@ -230,7 +235,7 @@ async fn a_cancel_that_overtakes_its_slow_pick_leaves_no_load() {
     let s = start().await;
     let mut picker = s.client.clone();
     let slow = tokio::spawn(async move { picker.pick(pick("a", SLOW)).await });
-    tokio::time::sleep(SETTLE).await;
+    s.rendering().await;
     // The filter gave up waiting: its Cancelled reaches the indexer first.
     s.client
         .clone()
@@ -260,7 +265,7 @@ async fn a_pick_whose_caller_went_away_is_not_committed() {
     let s = start().await;
     let mut picker = s.client.clone();
     let slow = tokio::spawn(async move { picker.pick(pick("b", SLOW)).await });
-    tokio::time::sleep(SETTLE).await;
+    s.rendering().await;
     // The caller goes away: its call is dropped (the stream is reset).
     slow.abort();
     assert!(slow.await.unwrap_err().is_cancelled());
@@ -390,7 +395,7 @@ async fn a_cancelled_stream_pick_is_not_committed_and_others_go_on() {
     let s = start().await;
     let mut stream = s.pick_stream().await;
     stream.send_pick(pick("slow", SLOW), 0).await;
-    tokio::time::sleep(SETTLE).await;
+    s.rendering().await;
     stream.cancel("slow").await;
     stream.send_pick(pick("fast", 0), 0).await;
     let answer = stream.answer().await.expect("an answer");
@@ -426,7 +431,7 @@ async fn a_reset_stream_abandons_its_running_picks() {
     let s = start().await;
     let stream = s.pick_stream().await;
     stream.send_pick(pick("orphan", SLOW), 0).await;
-    tokio::time::sleep(SETTLE).await;
+    s.rendering().await;
     // The filter's Envoy worker went away: both sides dropped (a reset).
     drop(stream);
     s.settled().await;
