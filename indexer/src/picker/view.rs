@@ -86,11 +86,8 @@ impl Picker {
                     &loads.get(w.slot).copied().unwrap_or_default(),
                     w.health.load(),
                     routes.worker(w.slot),
+                    self.index.worker_blocks(w.id),
                 );
-                view.indexed_tokens = self
-                    .index
-                    .worker_blocks(w.id)
-                    .saturating_mul(u64::from(model.block_size));
                 let queued = view.backlog() > 0.0;
                 view.queue_age_s = self.queue_age.age_s(w.slot, queued, now);
                 (found, view)
@@ -121,6 +118,7 @@ fn worker_view(
     load: &LocalLoad,
     scraped: Option<ScrapedLoad>,
     routes: WorkerRoutes,
+    indexed_blocks: u64,
 ) -> WorkerView {
     let (gpu, any) = found.map_or((0, 0), |m| (m.gpu_blocks, m.cpu_blocks.max(m.gpu_blocks)));
     WorkerView {
@@ -143,8 +141,8 @@ fn worker_view(
             .placed
             .other_blocks
             .saturating_mul(u64::from(block_size)),
-        // Set by the caller, from the index and the worker's backlog.
-        indexed_tokens: 0,
+        indexed_tokens: indexed_blocks.saturating_mul(u64::from(block_size)),
+        // Set by the caller, from the worker's backlog in this view.
         queue_age_s: None,
     }
 }
