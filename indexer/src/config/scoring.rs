@@ -34,6 +34,11 @@ pub const DEFAULT_RECOMPUTE_WEIGHT: f64 = 0.0;
 /// after 10 s (`sim/BENCHMARKS-DIARY.md`, "4 Dec (late): lasting queues and
 /// even placement"): 5 and 20 s gave the same sweeps within noise.
 pub const DEFAULT_LASTING_QUEUE_S: f64 = 10.0;
+/// Past capacity a holder keeps its prefix's requests while every other
+/// queue lasts too: on mixed traffic at 1.3× capacity, live against SGLang's
+/// router, fewer groups prefilled twice and 1–4 points more hits
+/// (`sim/BENCHMARKS-DIARY.md`, "5 Dec (afternoon)").
+pub const DEFAULT_OVERLOAD_HOLDS: bool = true;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -113,6 +118,14 @@ pub struct ScoringConfig {
     /// prefix prefills the prefix again elsewhere. 0: every queue counts in
     /// full.
     pub lasting_queue_s: f64,
+    /// Past capacity every queue lasts, and moving a prompt off its holder
+    /// relieves nobody: it prefills the prefix again elsewhere. With this
+    /// on, a holder's queue counts against keeping the prompt only as far
+    /// as it lasts longer than every other candidate's (the holder keeps
+    /// its queue's discount up to the youngest other queue's lasting
+    /// share), so a worker with a young or no queue still draws the excess.
+    /// false: a holder's queue is discounted by its own age alone.
+    pub overload_holds: bool,
 }
 
 // === impl Default ===
@@ -140,6 +153,7 @@ impl Default for ScoringConfig {
             novel_spread: DEFAULT_NOVEL_SPREAD,
             recompute_weight: DEFAULT_RECOMPUTE_WEIGHT,
             lasting_queue_s: DEFAULT_LASTING_QUEUE_S,
+            overload_holds: DEFAULT_OVERLOAD_HOLDS,
         }
     }
 }

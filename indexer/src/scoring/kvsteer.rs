@@ -17,7 +17,10 @@
 //! cost_ms  = ttft_ms + 1000 × uncached / rate × congestion_weight × mean backlog
 //!          + 1000 × evicted / rate
 //!          + 1000 × again / rate × recompute_weight × (1 − new_share)
-//!          − queue_ms × (1 − min(1, queue age / lasting_queue_s))  (holders only)  (rank)
+//!          − queue_ms × keep                                 (holders only)  (rank)
+//! keep     = max(1 − lasted(holder), min over the other candidates of lasted)
+//!            (overload_holds, the default; off: 1 − lasted(holder))
+//! lasted   = min(1, queue age / lasting_queue_s)   (1 when the age is unknown)
 //! ```
 //! A request queued on the worker (picked, no first token yet) prefills
 //! before this one, so the prefix they share counts as cached there: the
@@ -71,6 +74,10 @@
 //! prefix again elsewhere, and past capacity that extra work is what makes
 //! every queue grow. A queue that lasts still moves the prompt, which is
 //! what relieves a worker that took too many groups.
+//! And a holder keeps as much of its discount as every other candidate's
+//! queue has lasted (`overload_holds`): past capacity, where all of them
+//! last, moving a group prefills its prefix again and relieves nobody; a
+//! worker whose queue is young or empty still draws the excess.
 //!
 //! `evicted` charges what a placement costs the requests that come back:
 //! the KV index shows only what is cached now, so a conversation whose
@@ -357,10 +364,26 @@ pub(super) fn order(
         }
     };
     let recompute = cfg.recompute_weight * (1.0 - new_share);
+    // With `overload_holds`, a holder's queue is discounted as far as the
+    // youngest other queue lasts: where every queue lasts, none is relief.
+    let lastings: Vec<(usize, f64)> = candidates
+        .iter()
+        .map(|r| (r.index, lasting(cfg, &views[r.index])))
+        .collect();
+    let others_last = |index: usize| {
+        if !cfg.overload_holds || lastings.len() < 2 {
+            return 0.0;
+        }
+        lastings
+            .iter()
+            .filter(|(i, _)| *i != index)
+            .fold(1.0_f64, |least, (_, l)| least.min(*l))
+    };
     let cost = |r: &Ranked| {
         let again = f64::from(most_held - held(r));
         let burst = if holds(r) {
-            (1.0 - lasting(cfg, &views[r.index])) * r.prediction.queue_ms
+            let keep = (1.0 - lasting(cfg, &views[r.index])).max(others_last(r.index));
+            keep * r.prediction.queue_ms
         } else {
             0.0
         };
@@ -455,6 +478,10 @@ mod tests {
             // covers the congestion charge).
             tie_ratio: 0.0,
             congestion_weight: 0.0,
+            // The holder's own queue age alone
+            // (`overload_holds_keeps_the_request_while_every_queue_lasts`
+            // covers the rule).
+            overload_holds: false,
             ..Default::default()
         }
     }
@@ -812,6 +839,46 @@ mod tests {
         old.unprefilled_tokens = 2_000;
         old.queue_age_s = Some(30.0);
         assert_eq!(choice_with(&lasting, &[young, old]), 1);
+    }
+
+    /// With `overload_holds`, a holder whose queue lasts keeps the request
+    /// while every other candidate's queue lasts too (moving it would
+    /// prefill its prefix again and relieve nobody); a worker with no queue,
+    /// or a young one, still draws it.
+    #[test]
+    fn overload_holds_keeps_the_request_while_every_queue_lasts() {
+        let holds = ScoringConfig {
+            overload_holds: true,
+            ..cfg()
+        };
+        // Warm behind 9,000 queued tokens for a minute: 900 + 204.8 ms.
+        let mut holder = warm(9_000, 0);
+        holder.queue_age_s = Some(60.0);
+        // Cold behind 2,500 tokens: 250 + 819.2 ms.
+        let other = |age| {
+            let mut w = cold();
+            w.unprefilled_tokens = 2_500;
+            w.queue_age_s = age;
+            w
+        };
+        let lasted = [holder.clone(), other(Some(60.0))];
+        assert_eq!(choice_with(&cfg(), &lasted), 1, "off: the queue moves it");
+        assert_eq!(choice_with(&holds, &lasted), 0, "every queue lasts");
+        assert_eq!(
+            choice_with(&holds, &[holder.clone(), other(None)]),
+            0,
+            "a queue of unknown age counts as lasting"
+        );
+        // A young queue elsewhere counts for its age's share: 45 ms of the
+        // holder's 900 discounted still keeps it (1,059.8 against 1,069.2 ms);
+        // an idle worker (819.2 ms) draws the request.
+        assert_eq!(choice_with(&holds, &[holder.clone(), other(Some(0.5))]), 0);
+        let mut idle = cold();
+        idle.queue_age_s = Some(0.0);
+        assert_eq!(choice_with(&holds, &[holder.clone(), idle.clone()]), 1);
+        // The least lasting other queue decides: one idle worker among
+        // lasting queues takes it.
+        assert_eq!(choice_with(&holds, &[holder, other(Some(60.0)), idle]), 2);
     }
 
     /// Past saturation the congestion charge must not freeze the traffic

@@ -260,10 +260,13 @@ pub(crate) fn rank_views(
 mod tests {
     use super::*;
 
+    /// No request waiting on it, as a pick finds an idle worker (its
+    /// queue's age is 0: see `picker::queue_age`).
     fn idle(rate: f64) -> WorkerView {
         WorkerView {
             up: true,
             prefill_rate: rate,
+            queue_age_s: Some(0.0),
             ..Default::default()
         }
     }
