@@ -861,21 +861,21 @@ mod tests {
             w.queue_age_s = age;
             w
         };
-        let lasted = [holder.clone(), other(Some(60.0))];
+        let lasted = [holder, other(Some(60.0))];
         assert_eq!(choice_with(&cfg(), &lasted), 1, "off: the queue moves it");
         assert_eq!(choice_with(&holds, &lasted), 0, "every queue lasts");
         assert_eq!(
-            choice_with(&holds, &[holder.clone(), other(None)]),
+            choice_with(&holds, &[holder, other(None)]),
             0,
             "a queue of unknown age counts as lasting"
         );
         // A young queue elsewhere counts for its age's share: 45 ms of the
         // holder's 900 discounted still keeps it (1,059.8 against 1,069.2 ms);
         // an idle worker (819.2 ms) draws the request.
-        assert_eq!(choice_with(&holds, &[holder.clone(), other(Some(0.5))]), 0);
+        assert_eq!(choice_with(&holds, &[holder, other(Some(0.5))]), 0);
         let mut idle = cold();
         idle.queue_age_s = Some(0.0);
-        assert_eq!(choice_with(&holds, &[holder.clone(), idle.clone()]), 1);
+        assert_eq!(choice_with(&holds, &[holder, idle]), 1);
         // The least lasting other queue decides: one idle worker among
         // lasting queues takes it.
         assert_eq!(choice_with(&holds, &[holder, other(Some(60.0)), idle]), 2);
