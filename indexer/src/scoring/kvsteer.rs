@@ -365,20 +365,24 @@ pub(super) fn order(
     };
     let recompute = cfg.recompute_weight * (1.0 - new_share);
     // With `overload_holds`, a holder's queue is discounted as far as the
-    // youngest other queue lasts: where every queue lasts, none is relief.
-    let lastings: Vec<(usize, f64)> = candidates
-        .iter()
-        .map(|r| (r.index, lasting(cfg, &views[r.index])))
-        .collect();
-    let others_last = |index: usize| {
-        if !cfg.overload_holds || lastings.len() < 2 {
-            return 0.0;
-        }
-        lastings
+    // least lasting other queue lasts: where every queue lasts, none is
+    // relief. That is the least of all unless the holder's is the least,
+    // then the second least.
+    let (least, second) = if cfg.overload_holds && candidates.len() > 1 {
+        candidates
             .iter()
-            .filter(|(i, _)| *i != index)
-            .fold(1.0_f64, |least, (_, l)| least.min(*l))
+            .map(|r| (r.index, lasting(cfg, &views[r.index])))
+            .fold(((usize::MAX, 1.0), 1.0), |(least, second), (i, l)| {
+                if l < least.1 {
+                    ((i, l), least.1)
+                } else {
+                    (least, second.min(l))
+                }
+            })
+    } else {
+        ((usize::MAX, 0.0), 0.0)
     };
+    let others_last = |index: usize| if index == least.0 { second } else { least.1 };
     let cost = |r: &Ranked| {
         let again = f64::from(most_held - held(r));
         let burst = if holds(r) {
