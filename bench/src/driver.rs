@@ -15,6 +15,7 @@ use std::collections::{BinaryHeap, HashMap};
 use kvsteer_indexer::config::ScoringConfig;
 use kvsteer_kv_events::{Encoding, encode_batch};
 
+use super::oracle;
 use super::policy::BenchPolicy;
 use super::router::{Latency, VirtualRouter};
 use super::workload::{Plan, Tenant, What};
@@ -111,6 +112,8 @@ struct Sim<'a> {
     cfg: &'a RunConfig,
     engines: Vec<Engine>,
     busy: Vec<bool>,
+    /// When each engine's step in flight ends (the `oracle` policy's start).
+    free_at: Vec<f64>,
     latency: Vec<Latency>,
     router: VirtualRouter,
     heap: BinaryHeap<Timed>,
@@ -142,6 +145,7 @@ pub fn run(plan: &Plan, cfg: &RunConfig) -> RunOutput {
         plan,
         cfg,
         busy: vec![false; cfg.workers],
+        free_at: vec![0.0; cfg.workers],
         latency: vec![Latency::default(); cfg.workers],
         router: VirtualRouter::new(
             cfg.policy,
@@ -267,10 +271,7 @@ impl Sim<'_> {
         now: f64,
     ) -> u64 {
         let id = self.records.len() as u64;
-        let choice = self.router.pick(id, &prompt, now);
-        let prompt_tokens = prompt.len() as u32;
-        let w = choice.worker;
-        let added = self.engines[w].add_request(SimRequest {
+        let req = SimRequest {
             id,
             prompt_token_ids: prompt,
             max_tokens: output.max(1) as usize,
@@ -279,7 +280,21 @@ impl Sim<'_> {
             arrival: now,
             lora: None,
             cache_salt: None,
-        });
+        };
+        let choice = if self.cfg.policy == BenchPolicy::Oracle {
+            let (w, first_at) = oracle::choose(&self.engines, &self.free_at, &req, id as usize);
+            let mut choice = self.router.pick_known(id, &req.prompt_token_ids, now, w);
+            // Its prediction is what it foresaw: the error measures the foresight.
+            if let Some(t) = first_at {
+                choice.prediction.ttft_ms = (t - now) * 1000.0;
+            }
+            choice
+        } else {
+            self.router.pick(id, &req.prompt_token_ids, now)
+        };
+        let prompt_tokens = req.prompt_token_ids.len() as u32;
+        let w = choice.worker;
+        let added = self.engines[w].add_request(req);
         self.records.push(RequestRecord {
             tenant,
             group,
@@ -311,6 +326,7 @@ impl Sim<'_> {
                 self.busy[w] = true;
                 self.steps += 1;
                 let end = out.end();
+                self.free_at[w] = end;
                 self.push(end, Ev::StepEnd(w, Box::new(out)));
             }
             None => self.busy[w] = false,

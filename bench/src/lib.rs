@@ -11,6 +11,7 @@
 pub mod args;
 pub mod cli;
 pub mod driver;
+pub mod oracle;
 pub mod peers;
 pub mod plot;
 pub mod policy;

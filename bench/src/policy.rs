@@ -1,7 +1,9 @@
 //! The policies a benchmark run compares: the indexer's own five (scored by
 //! `kvsteer_indexer::scoring::rank`, the function the service runs), two
 //! peer-inspired ones implemented here ([`super::peers`]) and, on request, a
-//! Kubernetes Service reached through a keep-alive client ([`super::service`]).
+//! Kubernetes Service reached through a keep-alive client ([`super::service`])
+//! and the greedy oracle that foresees every worker's first token
+//! ([`super::oracle`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -20,6 +22,10 @@ pub enum BenchPolicy {
     /// A Kubernetes Service: a random pod per client connection (not in the
     /// default list).
     K8sService,
+    /// The worker where the request's first token truly comes soonest, from
+    /// copies of the engines run forward ([`super::oracle`]; not in the
+    /// default list).
+    Oracle,
 }
 
 /// `kvsteer_indexer::config::Policy`, orderable.
@@ -37,7 +43,7 @@ pub const ALL_POLICIES: &str =
     "random,round_robin,least_request,prefix_only,kvsteer,dynamo_like,sglang_like";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown policy {0:?} (known: {ALL_POLICIES},k8s_service)")]
+#[error("unknown policy {0:?} (known: {ALL_POLICIES},k8s_service,oracle)")]
 pub struct UnknownPolicy(pub String);
 
 // === impl BenchPolicy ===
@@ -49,6 +55,7 @@ impl BenchPolicy {
             Self::DynamoLike => "dynamo_like",
             Self::SglangLike => "sglang_like",
             Self::K8sService => "k8s_service",
+            Self::Oracle => "oracle",
         }
     }
 
@@ -78,6 +85,7 @@ impl FromStr for BenchPolicy {
             "dynamo_like" => Self::DynamoLike,
             "sglang_like" => Self::SglangLike,
             "k8s_service" => Self::K8sService,
+            "oracle" => Self::Oracle,
             other => return Err(UnknownPolicy(other.to_owned())),
         })
     }
@@ -121,6 +129,11 @@ mod tests {
         assert_eq!(err, UnknownPolicy("p2c".into()));
         assert!(err.to_string().contains("sglang_like"));
         assert!(err.to_string().contains("k8s_service"));
+        assert!(err.to_string().contains("oracle"));
+        assert_eq!(
+            BenchPolicy::parse_list("oracle").unwrap(),
+            vec![BenchPolicy::Oracle]
+        );
         assert_eq!(
             BenchPolicy::parse_list("k8s_service").unwrap(),
             vec![BenchPolicy::K8sService]

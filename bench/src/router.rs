@@ -159,10 +159,18 @@ impl VirtualRouter {
                     matched_tokens: c.matched_tokens,
                 }
             }
-            BenchPolicy::DynamoLike | BenchPolicy::SglangLike | BenchPolicy::K8sService => {
-                self.peer_pick(id, &request_id, prompt, now, at.random)
-            }
+            BenchPolicy::DynamoLike
+            | BenchPolicy::SglangLike
+            | BenchPolicy::K8sService
+            | BenchPolicy::Oracle => self.peer_pick(id, &request_id, prompt, now, at.random, None),
         }
+    }
+
+    /// Records a pick made outside the router (the `oracle`'s) like a peer
+    /// policy's: in the ledger, with the service's prediction there.
+    pub fn pick_known(&mut self, id: u64, prompt: &[u32], now: f64, worker: usize) -> Choice {
+        let draw = self.rng.next_u64();
+        self.peer_pick(id, &id.to_string(), prompt, now, draw, Some(worker))
     }
 
     /// A pick by a policy of the bench's own (a peer's, or the Service's
@@ -174,6 +182,7 @@ impl VirtualRouter {
         prompt: &[u32],
         now: f64,
         draw: u64,
+        known: Option<usize>,
     ) -> Choice {
         let at = self.instant(now);
         let prompt_tokens = u32::try_from(prompt.len()).unwrap_or(u32::MAX);
@@ -186,9 +195,10 @@ impl VirtualRouter {
         self.counter += 1;
         let tie = |w: usize| (w + n - counter % n) % n;
         let cached = |w: usize| found[w].as_ref().map_or(0, |m| m.gpu_blocks);
-        let worker = match self.policy {
-            BenchPolicy::K8sService => self.service.pick(id, now, draw),
-            BenchPolicy::DynamoLike => {
+        let worker = match (known, self.policy) {
+            (Some(w), _) => w.min(n - 1),
+            (None, BenchPolicy::K8sService) => self.service.pick(id, now, draw),
+            (None, BenchPolicy::DynamoLike) => {
                 let peer: Vec<PeerView> = (0..views.len())
                     .map(|w| PeerView {
                         cached_blocks: cached(w),
@@ -201,7 +211,7 @@ impl VirtualRouter {
                     .on_pick(id, w, prompt_tokens, self.block_size, keys, cached(w));
                 w
             }
-            _ => {
+            (None, _) => {
                 let w = self.sglang.choose(prompt_tokens, &keys, now, tie);
                 self.sglang.on_pick(id, w, &keys);
                 w

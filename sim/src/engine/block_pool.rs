@@ -12,7 +12,7 @@ use super::request::Lora;
 
 pub(crate) type BlockId = u32;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct BlockPool {
     ref_cnt: Vec<u32>,
     /// `Some` while the block is registered in `cached`.

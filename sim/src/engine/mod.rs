@@ -51,7 +51,7 @@ pub enum ResetOutcome {
     BlocksInUse,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Engine {
     cfg: EngineConfig,
     hasher: BlockHasher,

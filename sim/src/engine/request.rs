@@ -98,7 +98,7 @@ pub enum RequestStatus {
 }
 
 /// The engine's state of one request.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ReqState {
     pub(crate) id: RequestId,
     pub(crate) prompt_len: usize,
