@@ -129,6 +129,9 @@ impl VirtualRouter {
         self.base + Duration::from_secs_f64(t.max(0.0))
     }
 
+    /// The policy's pick. `oracle` needs the engines, so the driver picks for
+    /// it and records the pick with [`Self::pick_known`]; asked here, it gets
+    /// `sglang_like`'s rule.
     pub fn pick(&mut self, id: u64, prompt: &[u32], now: f64) -> Choice {
         let at = PickAt {
             now: self.instant(now),
