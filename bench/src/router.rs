@@ -171,9 +171,9 @@ impl VirtualRouter {
 
     /// Records a pick made outside the router (the `oracle`'s) like a peer
     /// policy's: in the ledger, with the service's prediction there.
+    /// No draw is taken: a known worker needs none.
     pub fn pick_known(&mut self, id: u64, prompt: &[u32], now: f64, worker: usize) -> Choice {
-        let draw = self.rng.next_u64();
-        self.peer_pick(id, &id.to_string(), prompt, now, draw, Some(worker))
+        self.peer_pick(id, &id.to_string(), prompt, now, 0, Some(worker))
     }
 
     /// A pick by a policy of the bench's own (a peer's, or the Service's
