@@ -7,7 +7,7 @@
 # completions with text prompts (so every router takes them), TTFT is measured
 # at the client (`kvsteer-bench --live --chat`).
 #
-#   scripts/bench-peers.sh [--quick] [--workloads LIST] [--targets LIST] [--out DIR]
+#   scripts/bench-peers.sh [--quick] [--workloads LIST] [--targets LIST] [--rounds N] [--records] [--out DIR]
 #   scripts/bench-peers.sh --overhead [--targets LIST] [--rounds N]
 #
 # Without --quick: three workloads (shared-prefix, mixed, multi-turn; or the
@@ -15,6 +15,11 @@
 # sglang_cache_aware, vllm_cache_aware, vllm_kv_aware, round_robin), from a light rate to past capacity
 # (BENCHMARKS.md, "Live against the peers"); ~65 minutes. --quick: shared-prefix at one rate for 30 s (~3 minutes).
 # Results: DIR/<workload>.json (+ PNG plots beside it) and a table on stdout.
+# --rounds N: every target runs N times at each rate (taking turns), and the
+# comparison is on the median of its runs; the spread of each target's runs
+# is printed too. One run is noisy past the knee (BENCHMARKS.md, "How far the
+# targets reach"); each round adds the time of a whole run. --records: every
+# run's requests, one JSON line each, in DIR/records/ (which requests make a tail).
 # --overhead: the latency each router adds at light load, against the same
 # request sent straight to a worker (workers with a near-zero step time,
 # `kvsteer-bench overhead`, 1,000-token chat prompts, 10 requests/s); with
@@ -34,6 +39,7 @@ OVERHEAD=0
 WORKLOADS=shared-prefix,mixed,multi-turn
 ONLY_TARGETS=
 ROUNDS=1
+RECORDS=0
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) QUICK=1 ;;
@@ -42,7 +48,8 @@ while [ $# -gt 0 ]; do
     --workloads) WORKLOADS=$2; shift ;;
     --targets) ONLY_TARGETS=$2; shift ;;
     --rounds) ROUNDS=$2; shift ;;
-    *) die "unknown argument $1 (usage: scripts/bench-peers.sh [--quick] [--workloads LIST] [--targets LIST] [--out DIR] | --overhead [--targets LIST] [--rounds N])" ;;
+    --records) RECORDS=1 ;;
+    *) die "unknown argument $1 (usage: scripts/bench-peers.sh [--quick] [--workloads LIST] [--targets LIST] [--rounds N] [--records] [--out DIR] | --overhead [--targets LIST] [--rounds N])" ;;
   esac
   shift
 done
@@ -155,13 +162,14 @@ mkdir -p "$OUT"
 
 # run NAME RATES BENCH-ARGS…: one workload, every target at every rate.
 run() {
-  local name=$1 rates=$2
+  local name=$1 rates=$2 records=()
   shift 2
+  [ "$RECORDS" = 0 ] || records=(--records "$OUT/records")
   log "live: $name at $rates rpm against ${#TARGETS[@]} targets"
   "$KVSTEER_BIN/kvsteer-bench" --live --chat --tokenizer .cache/tokenizers/qwen3 \
     --live-time-scale "$TIME_SCALE" --model "$KVSTEER_MODEL" --target "${TARGETS[@]}" \
     --reset-worker "${WORKERS[@]}" --workers 3 --profile "$PROFILE" --seed "$SEED" \
-    --rates "$rates" --out "$OUT/$name.json" "$@"
+    --rates "$rates" --repeats "$ROUNDS" "${records[@]}" --out "$OUT/$name.json" "$@"
 }
 
 # Sizes and rates: 3 workers of this profile serve ~190-200 rpm of SHARED

@@ -51,6 +51,12 @@ pub struct BenchArgs {
     /// PNG plots go here (default: beside --out).
     #[arg(long)]
     pub plot_dir: Option<PathBuf>,
+    /// Write every request of every run to this folder, one JSON line per
+    /// request (`<workload>-<policy>-<rate>rpm[-run<k>].jsonl`): where each
+    /// went, its cached tokens and its TTFT, to see which requests make a
+    /// run's tail.
+    #[arg(long)]
+    pub records: Option<PathBuf>,
     /// Shared-prefix groups (multi-turn: agent kinds sharing a system prompt).
     #[arg(long)]
     pub groups: Option<u32>,
@@ -126,6 +132,12 @@ pub struct BenchArgs {
     /// the profile's seconds.
     #[arg(long, default_value_t = 1.0)]
     pub live_time_scale: f64,
+    /// Live: run every target this many times at each rate (the order of
+    /// the targets rotating), and compare them on the median of the runs.
+    /// One live run is noisy past the knee: the same router on the same
+    /// arrivals moves its p90 by 10-20 % from run to run.
+    #[arg(long, default_value_t = 1)]
+    pub repeats: u32,
 }
 
 /// Validated arguments.
@@ -189,6 +201,12 @@ impl BenchArgs {
                 "--live-time-scale must be positive, got {}",
                 self.live_time_scale
             );
+        }
+        if self.repeats == 0 {
+            bail!("--repeats must be at least 1");
+        }
+        if self.repeats > 1 && !self.live {
+            bail!("--repeats is for --live runs (virtual time gives the same result every run)");
         }
         if self.chat && self.tokenizer.is_none() {
             bail!("--chat needs --tokenizer DIR (the workers' tokenizer)");

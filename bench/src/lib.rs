@@ -45,6 +45,8 @@ struct Job<'a> {
     rate: f64,
     plan: &'a Plan,
     cfg: RunConfig,
+    /// `--records`: write the run's requests here.
+    records: Option<&'a std::path::Path>,
 }
 
 /// Runs every workload × rate × policy of `jobs`, `threads` at a time; the
@@ -67,6 +69,11 @@ fn run_all(jobs: &[Job<'_>], threads: usize, progress: bool) -> Vec<RunSummary> 
                         job.cfg.workers,
                         &out,
                     );
+                    if let Some(dir) = job.records
+                        && let Err(e) = report::write_records(dir, &summary, &out.records)
+                    {
+                        tracing::warn!(error = %e, "records not written");
+                    }
                     if progress {
                         eprintln!(
                             "  {} {} @ {} rpm: {} requests, {:.0} s simulated in {:.2} s wall",
@@ -109,6 +116,7 @@ pub fn run_virtual(args: &args::Resolved, progress: bool) -> Vec<RunSummary> {
                 rate: *rate,
                 plan,
                 cfg: args.run_config(policy),
+                records: args.args().records.as_deref(),
             });
         }
     }

@@ -68,6 +68,10 @@ pub struct RunSummary {
     /// Where the shared-prefix groups went, in runs that have them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub groups: Option<GroupSummary>,
+    /// Which of the repeated live runs of this target and rate (from 0);
+    /// absent when each ran once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repeat: Option<u32>,
 }
 
 /// Where a policy placed the shared-prefix groups. A group's first request
@@ -252,6 +256,7 @@ pub fn summarize(
         simulated_s: r6(out.end_s),
         by_tenant: by_tenant(&recs),
         groups: groups(&recs),
+        repeat: None,
     }
 }
 

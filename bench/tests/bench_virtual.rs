@@ -163,6 +163,11 @@ fn bad_flags_are_named() {
     let mut a = args(&[]);
     a.workers = 0;
     assert!(a.resolve().is_err());
+    // Virtual time is deterministic: repeats are for live runs.
+    let err = args(&["--repeats", "3"]).resolve().unwrap_err();
+    assert!(err.to_string().contains("--live"), "{err}");
+    let err = args(&["--repeats", "0"]).resolve().unwrap_err();
+    assert!(err.to_string().contains("at least 1"), "{err}");
 }
 
 #[test]

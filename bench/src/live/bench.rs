@@ -73,31 +73,34 @@ pub async fn run(args: &Resolved) -> anyhow::Result<()> {
     for &kind in &args.workloads {
         for &rate in &args.rates {
             let plan = args.plan(kind, rate);
-            for (name, url) in &targets {
+            for (repeat, name, url) in rounds(&targets, raw.repeats) {
                 reset(&client, &args.args().reset_worker).await?;
                 let sessions = plan
                     .arrivals
                     .iter()
                     .filter(|a| matches!(a.what, What::Session(_)))
                     .count();
+                let of = repeat.map_or(String::new(), |k| {
+                    format!(", run {} of {}", k + 1, raw.repeats)
+                });
                 eprintln!(
-                    "live: {} @ {rate} rpm → {name} ({url}), {} arrivals ({sessions} of them sessions of several turns)",
+                    "live: {} @ {rate} rpm → {name} ({url}){of}, {} arrivals ({sessions} of them sessions of several turns)",
                     workload_name(kind),
                     plan.arrivals.len()
                 );
                 let out = drive(&client, url, &args.args().model, &plan, &mode, scale).await?;
-                runs.push(summarize(
-                    workload_name(kind),
-                    name,
-                    rate,
-                    args.workers,
-                    &out,
-                ));
+                let mut summary = summarize(workload_name(kind), name, rate, args.workers, &out);
+                summary.repeat = repeat;
+                if let Some(dir) = &raw.records {
+                    report::write_records(dir, &summary, &out.records)?;
+                }
+                runs.push(summary);
             }
         }
     }
     if !args.args().quiet {
         print!("{}", report::table(&runs));
+        print!("{}", report::spread(&runs));
         print!("{}", report::comparisons(&runs));
     }
     if let Some(out) = &args.args().out {
@@ -106,10 +109,29 @@ pub async fn run(args: &Resolved) -> anyhow::Result<()> {
         config["live_targets"] = json!(targets);
         config["live_chat"] = json!(raw.chat);
         config["live_time_scale"] = json!(scale);
+        config["live_repeats"] = json!(raw.repeats);
         report::write_json(out, config, &runs)?;
-        crate::cli::write_plots(args.args(), out, &runs);
+        crate::cli::write_plots(args.args(), out, &report::medians(&runs));
     }
     Ok(())
+}
+
+/// The runs at one rate: every target `repeats` times, each round starting
+/// one target later, so that no target always runs first (on a machine
+/// still warm from the previous rate) or always after the same one. The
+/// repeat index is `None` when each target runs once.
+fn rounds(
+    targets: &[(String, String)],
+    repeats: u32,
+) -> impl Iterator<Item = (Option<u32>, &str, &str)> {
+    let n = targets.len();
+    (0..repeats).flat_map(move |k| {
+        let repeat = (repeats > 1).then_some(k);
+        (0..n).map(move |i| {
+            let (name, url) = &targets[(k as usize + i) % n];
+            (repeat, name.as_str(), url.as_str())
+        })
+    })
 }
 
 /// Empties the workers' prefix caches (they must be idle).
@@ -448,6 +470,34 @@ mod tests {
             lora_modules: Vec::new(),
         };
         ServerHandle::start(cfg).await.unwrap()
+    }
+
+    #[test]
+    fn rounds_rotate_the_targets() {
+        let targets: Vec<(String, String)> = ["a", "b", "c"]
+            .iter()
+            .map(|n| (n.to_string(), format!("http://{n}")))
+            .collect();
+        let order = |repeats| {
+            rounds(&targets, repeats)
+                .map(|(k, n, u)| {
+                    assert_eq!(u, format!("http://{n}"));
+                    (k, n.to_owned())
+                })
+                .collect::<Vec<_>>()
+        };
+        let once = order(1);
+        assert_eq!(
+            once,
+            [(None, "a".into()), (None, "b".into()), (None, "c".into())]
+        );
+        let names: Vec<String> = order(3).into_iter().map(|(_, n)| n).collect();
+        assert_eq!(names, ["a", "b", "c", "b", "c", "a", "c", "a", "b"]);
+        let repeats: Vec<Option<u32>> = order(2).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(
+            repeats,
+            [Some(0), Some(0), Some(0), Some(1), Some(1), Some(1)]
+        );
     }
 
     fn multi_turn(rate_per_min: f64, duration_s: f64) -> Plan {
