@@ -327,6 +327,8 @@ async fn score(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> 
                 "prefill_ms": c.prediction.prefill_ms,
                 "in_flight": c.in_flight,
                 "queue_age_s": c.queue_age_s,
+                "routed_tokens": c.routed_tokens,
+                "evicted_tokens": c.prediction.evicted_tokens,
             })
         })
         .collect();

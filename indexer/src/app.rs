@@ -235,8 +235,10 @@ pub async fn start(cfg: Config) -> Result<Running, AppError> {
         Some(board) => streams::Gates::Leases(board.clone()),
         None => streams::Gates::Open,
     };
+    let cleared_picker = picker.clone();
     let stream_ctx = (writer != WriterMode::Never).then(|| streams::StreamContext {
         index: index.clone(),
+        on_cleared: Arc::new(move |slot| cleared_picker.worker_cleared(slot)),
         cfg: cfg.streams.clone(),
         down_after: cfg.scrape.down_after,
         metrics: metrics.clone(),

@@ -253,6 +253,26 @@ impl RouteMemory {
         // Its items in `order` no longer match an entry: skipped.
     }
 
+    /// Ends the route window of everything routed to `worker`, whose cache
+    /// was emptied: none of it is cached there any more, so it no longer
+    /// counts as the worker's working set (what a placement there would
+    /// evict) nor as a prompt routed there. The placement window keeps it:
+    /// where the router placed a prompt is still where its follow-ups go.
+    pub fn cleared(&self, worker: usize) {
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        if worker >= inner.blocks[ROUTED].len() {
+            return;
+        }
+        let slot = worker as u32;
+        for entries in inner.last.values_mut() {
+            for e in entries.iter_mut().filter(|e| e.slot == slot) {
+                e.live[ROUTED] = false;
+            }
+        }
+        inner.blocks[ROUTED][worker] = 0;
+    }
+
     /// Live (block, worker) entries.
     pub fn entries(&self) -> usize {
         self.inner.lock().entries
@@ -432,6 +452,42 @@ mod tests {
         r.record(5, &keys(0..4), t0);
         r.forget(5);
         assert_eq!(r.entries(), 8);
+    }
+
+    #[test]
+    fn a_cleared_worker_keeps_its_placements_but_no_working_set() {
+        let r = RouteMemory::with_windows(
+            2,
+            Duration::from_secs(60),
+            Duration::from_secs(600),
+            1_000,
+        );
+        let t0 = Instant::now();
+        r.record(0, &keys(0..6), t0);
+        r.record(1, &keys(0..4), t0);
+        r.cleared(0);
+        let view = r.lookup(&keys(0..6), t0, Vec::new());
+        assert_eq!(view.worker(0).routed, Routed::default());
+        assert_eq!(view.worker(1).routed.prompt_blocks, 4, "the other worker is untouched");
+        assert_eq!(view.worker(0).placed.prompt_blocks, 6, "placements stay");
+        // Routed again after the clear: counted afresh, once.
+        r.record(0, &keys(0..2), t0 + Duration::from_secs(10));
+        let again = r.lookup(&keys(0..6), t0 + Duration::from_secs(10), Vec::new());
+        assert_eq!(again.worker(0).routed.prompt_blocks, 2);
+        assert_eq!(again.worker(0).routed.other_blocks, 0);
+        // The route window's expiry passes the cleared entries without
+        // counting them down a second time; the placements expire later.
+        r.expire(t0 + Duration::from_secs(61));
+        let later = r.lookup(&keys(0..6), t0 + Duration::from_secs(61), Vec::new());
+        assert_eq!(later.worker(0).routed.prompt_blocks, 2);
+        assert_eq!(later.worker(1).routed, Routed::default());
+        assert_eq!(later.worker(0).placed.prompt_blocks, 6);
+        r.expire(t0 + Duration::from_secs(671));
+        assert_eq!(r.entries(), 0);
+        let gone = r.lookup(&keys(0..6), t0 + Duration::from_secs(671), Vec::new());
+        assert_eq!(gone.worker(0), WorkerRoutes::default());
+        // Out of range: nothing happens.
+        r.cleared(7);
     }
 
     #[test]

@@ -8,7 +8,7 @@ mod common;
 use common::{Admin, BLOCK, MODEL, eventually, free_port, shared, stored};
 use kvsteer_indexer::{app, config::Config};
 use kvsteer_kv_events::{
-    EventBatch,
+    EventBatch, KvEvent,
     zmq::{Publisher, PublisherConfig},
 };
 use kvsteer_proto::v1 as pb;
@@ -160,6 +160,12 @@ streams:
             .expect("report");
     }
     assert_eq!(admin.worker("w2").await["in_flight"], json!(0));
+    // The pick is remembered as routed there (whole blocks of the prompt).
+    let routed_tokens = |s: &Value, n: &str| by_name(s, n)["routed_tokens"].as_u64().unwrap();
+    let (_, score) = admin.call_json("POST", "/debug/score", Some(&turn2)).await;
+    let turn2_blocks = (ids2.len() / BLOCK * BLOCK) as u64;
+    assert_eq!(routed_tokens(&score, "w2"), turn2_blocks, "{score}");
+    assert_eq!(routed_tokens(&score, "w1"), 0, "{score}");
     let unknown = client
         .pick(pb::PickRequest {
             model: "nope".into(),
@@ -229,6 +235,49 @@ streams:
     let (_, score) = admin.call_json("POST", "/debug/score", Some(&turn2)).await;
     assert_eq!(by_name(&score, "w2")["matched_tokens"], json!(0), "{score}");
     assert_eq!(score["chosen"], "w1", "{score}");
+    // The restarted engine holds nothing of what was routed to it before.
+    eventually("w2's routes forgotten", || async {
+        let (_, score) = admin.call_json("POST", "/debug/score", Some(&turn2)).await;
+        (routed_tokens(&score, "w2") == 0).then_some(())
+    })
+    .await;
+
+    // w1's engine clears its cache (AllBlocksCleared, e.g. after
+    // `reset_prefix_cache`): its blocks and the routes to it go.
+    let picked = client
+        .pick(common::pick_request("r-2", &turn2))
+        .await
+        .expect("pick")
+        .into_inner();
+    assert_eq!(picked.endpoints[0], endpoints[0]);
+    let (_, score) = admin.call_json("POST", "/debug/score", Some(&turn2)).await;
+    assert_eq!(routed_tokens(&score, "w1"), turn2_blocks, "{score}");
+    pubs[0]
+        .publish(&EventBatch {
+            ts: 2.0,
+            events: vec![KvEvent::AllBlocksCleared],
+            data_parallel_rank: None,
+        })
+        .await
+        .unwrap();
+    eventually("w1 cleared", || async {
+        let (_, score) = admin.call_json("POST", "/debug/score", Some(&turn2)).await;
+        let w = admin.worker("w1").await;
+        (w["indexed_blocks"] == json!(0) && routed_tokens(&score, "w1") == 0).then_some(())
+    })
+    .await;
+    for kind in [pb::ReportKind::FirstToken, pb::ReportKind::Done] {
+        client
+            .report(pb::ReportRequest {
+                request_id: "r-2".into(),
+                kind: kind as i32,
+                elapsed_ms: 120.0,
+                ..Default::default()
+            })
+            .await
+            .expect("report");
+    }
+    assert_eq!(admin.worker("w1").await["in_flight"], json!(0));
 
     let (_, _) = admin.call("GET", "/metrics", None).await;
     running.shutdown().await;

@@ -141,6 +141,9 @@ pub struct Candidate {
     pub in_flight: u32,
     /// How long its first-token queue has lasted (see [`WorkerView::queue_age_s`]).
     pub queue_age_s: Option<f64>,
+    /// Tokens routed to it within the route window, this prompt's and
+    /// others': its working set as the router sees it.
+    pub routed_tokens: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -268,6 +271,16 @@ impl Picker {
         self.queue_age.forget(slot);
         self.metrics.forget_worker(name);
         dropped
+    }
+
+    /// The cache of the worker in slot `slot` was emptied (see
+    /// [`crate::streams::OnCleared`]): what was routed there within the
+    /// route window is no longer its working set. Without this, a placement
+    /// there is charged for evicting prompts that are gone, for as long as
+    /// the route window (`route_window_s`), and prompts routed there before
+    /// count as held there.
+    pub fn worker_cleared(&self, slot: usize) {
+        self.routes.cleared(slot);
     }
 
     pub fn model(&self, name: &str) -> Option<&Model> {
@@ -414,6 +427,7 @@ impl Picker {
                 prediction,
                 in_flight: v.in_flight,
                 queue_age_s: v.queue_age_s,
+                routed_tokens: u64::from(v.routed_prompt_tokens) + v.routed_other_tokens,
             })
             .collect();
         let Some(best) = ranked.first() else {

@@ -2,7 +2,7 @@
 //! subscriber's connection news) applied to the index in order, and the
 //! stream state they move it through.
 
-use super::{Gate, StreamState};
+use super::{Gate, OnCleared, StreamState};
 use crate::{
     index::Index,
     metrics::{Metrics, StreamLabels},
@@ -16,17 +16,22 @@ use tokio::sync::mpsc;
 pub(super) async fn apply_loop(
     w: &Worker,
     index: Index,
+    on_cleared: OnCleared,
     metrics: Arc<Metrics>,
     mut rx: mpsc::Receiver<StreamItem>,
     gate: Arc<Gate>,
 ) {
     let labels = Metrics::worker(&w.cfg.name);
     while let Some(item) = rx.recv().await {
-        handle(w, &index, &metrics, &labels, item, &gate).await;
+        if handle(w, &index, &metrics, &labels, item, &gate).await {
+            on_cleared(w.slot);
+        }
     }
     transition(&metrics, w, StreamState::Down);
 }
 
+/// Applies one item; `true` when it says the engine's cache is empty (an
+/// `AllBlocksCleared` applied, a restarted publisher, an engine gone).
 async fn handle(
     w: &Worker,
     index: &Index,
@@ -34,7 +39,7 @@ async fn handle(
     labels: &crate::metrics::WorkerLabels,
     item: StreamItem,
     gate: &Gate,
-) {
+) -> bool {
     let s = &w.stream;
     let writes = matches!(
         item,
@@ -44,7 +49,7 @@ async fn handle(
         // The lease lapsed (or is about to): never write without it. The
         // lease task stops this loop; the next holder replays.
         tracing::debug!(worker = %w.cfg.name, "write lease not valid; batch dropped");
-        return;
+        return false;
     }
     match item {
         StreamItem::Batch {
@@ -84,22 +89,28 @@ async fn handle(
                 .indexed_blocks
                 .get_or_create(labels)
                 .set(index.worker_blocks(w.id) as i64);
+            // A replayed clear happened during the gap: still since the
+            // routes the picker remembers.
+            stats.cleared
         }
         StreamItem::Malformed { seq, error } => {
             tracing::warn!(worker = %w.cfg.name, seq, %error, "malformed kv event batch");
             s.malformed.fetch_add(1, Relaxed);
             s.next_seq.store(seq.saturating_add(1), Relaxed);
             metrics.malformed.get_or_create(labels).inc();
+            false
         }
         StreamItem::Connected => {
             tracing::info!(worker = %w.cfg.name, "kv event stream connected");
             s.suspect.store(false, Relaxed);
             transition(metrics, w, StreamState::Live);
+            false
         }
         StreamItem::Disconnected => {
             tracing::warn!(worker = %w.cfg.name, "kv event stream disconnected");
             s.suspect.store(true, Relaxed);
             transition(metrics, w, StreamState::Down);
+            false
         }
         StreamItem::EngineGone { down_for } => {
             tracing::warn!(worker = %w.cfg.name, ?down_for, "kv event engine unreachable beyond the grace; purging its blocks");
@@ -116,12 +127,14 @@ async fn handle(
                 .indexed_blocks
                 .get_or_create(labels)
                 .set(index.worker_blocks(w.id) as i64);
+            true
         }
         StreamItem::Gap { expected, got } => {
             tracing::info!(worker = %w.cfg.name, expected, got, "kv event gap, replaying");
             s.gaps.fetch_add(1, Relaxed);
             transition(metrics, w, StreamState::Replaying);
             metrics.gaps.get_or_create(labels).inc();
+            false
         }
         StreamItem::Reset { last_seq, got } => {
             tracing::warn!(worker = %w.cfg.name, last_seq, got, "kv event publisher restarted; clearing its blocks");
@@ -136,10 +149,12 @@ async fn handle(
                 .indexed_blocks
                 .get_or_create(labels)
                 .set(index.worker_blocks(w.id) as i64);
+            true
         }
         StreamItem::ReplayFailed { from, error } => {
             tracing::warn!(worker = %w.cfg.name, from, %error, "kv event replay failed; batches lost");
             transition(metrics, w, StreamState::Live);
+            false
         }
     }
 }

@@ -200,10 +200,17 @@ impl Gate {
     }
 }
 
+/// Called with a worker's slot when its engine's cache is known to be
+/// empty: an `AllBlocksCleared`, a restarted event publisher, an engine
+/// unreachable beyond the grace. What the picker remembers routing there is
+/// no longer cached there ([`crate::picker::Picker::worker_cleared`]).
+pub type OnCleared = Arc<dyn Fn(usize) + Send + Sync>;
+
 /// What every worker's stream task shares.
 #[derive(Clone)]
 pub struct StreamContext {
     pub index: Index,
+    pub on_cleared: OnCleared,
     pub cfg: StreamsConfig,
     /// `scrape.down_after`.
     pub down_after: u32,
@@ -250,6 +257,7 @@ pub fn spawn_worker(w: &Arc<Worker>, ctx: &StreamContext) -> Option<JoinHandle<(
     let task = run_worker(
         w.clone(),
         ctx.index.clone(),
+        ctx.on_cleared.clone(),
         ctx.metrics.clone(),
         sub,
         cfg.channel_capacity,
@@ -299,6 +307,7 @@ enum Stop {
 async fn run_worker(
     w: Arc<Worker>,
     index: Index,
+    on_cleared: OnCleared,
     metrics: Arc<Metrics>,
     sub: SubscriberConfig,
     capacity: usize,
@@ -343,7 +352,14 @@ async fn run_worker(
         let subscriber = spawn_probed_subscriber(sub.clone(), tx, stop_rx, w.stream.probe.clone());
         let mut health = tokio::time::interval(HEALTH_EVERY);
         health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let apply = apply_loop(w, index.clone(), metrics.clone(), rx, gate.clone());
+        let apply = apply_loop(
+            w,
+            index.clone(),
+            on_cleared.clone(),
+            metrics.clone(),
+            rx,
+            gate.clone(),
+        );
         tokio::pin!(apply);
         let why = loop {
             tokio::select! {
@@ -400,6 +416,7 @@ async fn run_worker(
                     .engines_lost
                     .get_or_create(&Metrics::worker(&w.cfg.name))
                     .inc();
+                on_cleared(w.slot);
                 purge_for_replay(w, &index, &metrics, false).await;
                 transition(&metrics, w, StreamState::Connecting);
             }
