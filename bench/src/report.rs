@@ -126,7 +126,11 @@ pub fn comparisons(runs: &[RunSummary]) -> String {
         if kvsteer.is_empty() {
             continue;
         }
-        let of_runs = if repeated { " (medians of the runs)" } else { "" };
+        let of_runs = if repeated {
+            " (medians of the runs)"
+        } else {
+            ""
+        };
         let _ = writeln!(out, "\n{w}: kvsteer vs the others{of_runs}");
         if let Some(miss) = random
             .iter()
@@ -343,7 +347,10 @@ mod tests {
         ];
         let m = medians(&runs);
         assert_eq!(m.len(), 2);
-        assert_eq!((m[0].policy.as_str(), m[1].policy.as_str()), ("kvsteer", "peer"));
+        assert_eq!(
+            (m[0].policy.as_str(), m[1].policy.as_str()),
+            ("kvsteer", "peer")
+        );
         assert_eq!((m[0].ttft_p90_s, m[1].ttft_p90_s), (3.0, 3.0));
         assert_eq!((m[0].cache_hit_rate, m[1].cache_hit_rate), (0.2, 0.5));
         assert!(m.iter().all(|r| r.repeat.is_none()));
@@ -355,8 +362,14 @@ mod tests {
         // The spread shows each target's range and the widest distance from its median.
         let spread = spread(&runs);
         assert!(spread.contains("3 runs each"), "{spread}");
-        assert!(spread.contains("ttft90 3.000 (1.000-5.000, 67%)"), "{spread}");
-        assert!(spread.contains("ttft90 3.000 (2.000-4.000, 33%)"), "{spread}");
+        assert!(
+            spread.contains("ttft90 3.000 (1.000-5.000, 67%)"),
+            "{spread}"
+        );
+        assert!(
+            spread.contains("ttft90 3.000 (2.000-4.000, 33%)"),
+            "{spread}"
+        );
     }
 
     #[test]
@@ -398,7 +411,10 @@ mod tests {
 
     #[test]
     fn single_runs_pass_through() {
-        let runs = vec![run("kvsteer", None, &[1.0; 4], 0), run("peer", None, &[2.0; 4], 0)];
+        let runs = vec![
+            run("kvsteer", None, &[1.0; 4], 0),
+            run("peer", None, &[2.0; 4], 0),
+        ];
         assert_eq!(medians(&runs), runs);
         assert_eq!(spread(&runs), "");
         assert!(!comparisons(&runs).contains("medians"));

@@ -456,19 +456,19 @@ mod tests {
 
     #[test]
     fn a_cleared_worker_keeps_its_placements_but_no_working_set() {
-        let r = RouteMemory::with_windows(
-            2,
-            Duration::from_secs(60),
-            Duration::from_secs(600),
-            1_000,
-        );
+        let r =
+            RouteMemory::with_windows(2, Duration::from_secs(60), Duration::from_secs(600), 1_000);
         let t0 = Instant::now();
         r.record(0, &keys(0..6), t0);
         r.record(1, &keys(0..4), t0);
         r.cleared(0);
         let view = r.lookup(&keys(0..6), t0, Vec::new());
         assert_eq!(view.worker(0).routed, Routed::default());
-        assert_eq!(view.worker(1).routed.prompt_blocks, 4, "the other worker is untouched");
+        assert_eq!(
+            view.worker(1).routed.prompt_blocks,
+            4,
+            "the other worker is untouched"
+        );
         assert_eq!(view.worker(0).placed.prompt_blocks, 6, "placements stay");
         // Routed again after the clear: counted afresh, once.
         r.record(0, &keys(0..2), t0 + Duration::from_secs(10));
