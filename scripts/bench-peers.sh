@@ -69,6 +69,36 @@ SGLANG_PORT=30001
 VLLM_CACHE_PORT=30002
 VLLM_KV_PORT=30003
 
+# time_scaled_config BASE SCALE OUT: BASE (an indexer configuration with a
+# top-level `scoring:` section) with kvsteer's time knobs for workers SCALE
+# times faster than their profile. BASE must not set those knobs itself.
+time_scaled_config() {
+  python3 - "$1" "$2" "$3" <<'EOF' || die "cannot write a time-scaled indexer configuration from $1"
+import sys
+base, scale, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+lines = open(base).read().splitlines()
+knobs = {  # indexer defaults (indexer/src/config), compressed by the scale
+    "route_window_s": max(1, round(60 / scale)),
+    "placement_window_s": max(1, round(600 / scale)),
+    "lasting_queue_s": 10 / scale,
+    "decode_ms_per_running": 0.5 / scale,
+    "prefill_rate_prior": 8000 * scale,
+}
+scrape_ms = max(1, round(1000 / scale))
+text = "\n".join(lines)
+for k in list(knobs) + ["interval_ms", "scrape:"]:
+    if k in text:
+        sys.exit(f"{base} already sets {k.rstrip(':')}: give a configuration without it")
+if "scoring:" not in lines:
+    sys.exit(f"{base} has no top-level scoring: section")
+at = lines.index("scoring:") + 1
+lines[at:at] = [f"  {k}: {v}" for k, v in knobs.items()]
+lines += ["scrape:", f"  interval_ms: {scrape_ms}"]
+header = f"# {base}, time knobs for workers {scale:g}x faster than their profile (scripts/bench-peers.sh)"
+open(out, "w").write(header + "\n" + "\n".join(lines) + "\n")
+EOF
+}
+
 # Dies naming the process when a port the routers need is taken (a router
 # left over from an earlier run would otherwise fail with its reason only in
 # its log).
@@ -154,10 +184,20 @@ if [ "$OVERHEAD" = 1 ]; then
   printf '%s\n' "${summary[@]}"
   exit 0
 fi
+# kvsteer's clocks run in wall time, the workers TIME_SCALE times faster than
+# the profile: its time knobs are compressed alike, as they run in profile
+# seconds in the virtual twin (windows, lasting-queue age, scrape interval and
+# decode time per running request divided by TIME_SCALE, the prefill-rate
+# prior multiplied by it). Without this, at scale 2 a 10 s burst of the
+# profile counted as a 5 s one and the route window reached back 120 s.
+mkdir -p "$OUT"
+if [ "$TIME_SCALE" != 1 ]; then
+  time_scaled_config "${KVSTEER_INDEXER_CONFIG:-envoy/local/indexer.yaml}" "$TIME_SCALE" "$OUT/indexer.yaml"
+  export KVSTEER_INDEXER_CONFIG=$OUT/indexer.yaml
+fi
 RUST_LOG=warn KVSTEER_SIM_ARGS="--prefix-caching-hash-algo sha256_cbor" \
   start_local_layout "$PROFILE" "$TIME_SCALE" roundrobin
 start_peers
-mkdir -p "$OUT"
 
 
 # run NAME RATES BENCH-ARGS…: one workload, every target at every rate.
