@@ -134,8 +134,9 @@ pub struct BenchArgs {
     pub live_time_scale: f64,
     /// Live: run every target this many times at each rate (the order of
     /// the targets rotating), and compare them on the median of the runs.
-    /// One live run is noisy past the knee: the same router on the same
-    /// arrivals moves its p90 by 10-20 % from run to run.
+    /// One live run is noisy past the knee: on the same arrivals kvsteer's
+    /// p90 moved up to 38 % from its median over three runs (sim/BENCHMARKS.md,
+    /// "Medians of three runs per router").
     #[arg(long, default_value_t = 1)]
     pub repeats: u32,
 }
