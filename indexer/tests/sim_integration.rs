@@ -26,6 +26,24 @@ async fn publisher(pub_ep: &str, replay_ep: &str, topic: &str) -> Publisher {
     .expect("bind publisher")
 }
 
+/// The filter's reports for a request that streamed and finished.
+async fn first_token_and_done(
+    client: &mut pb::router_client::RouterClient<tonic::transport::Channel>,
+    request_id: &str,
+) {
+    for kind in [pb::ReportKind::FirstToken, pb::ReportKind::Done] {
+        client
+            .report(pb::ReportRequest {
+                request_id: request_id.into(),
+                kind: kind as i32,
+                elapsed_ms: 120.0,
+                ..Default::default()
+            })
+            .await
+            .expect("report");
+    }
+}
+
 fn turns() -> (Value, Value) {
     let text = std::fs::read_to_string(shared().join("chat-parity/c002_coding_session_t1.json"))
         .expect("c002");
@@ -148,17 +166,7 @@ streams:
     assert_eq!((d.worker.as_str(), d.matched_tokens), ("w2", cached as u32));
     assert!(!d.degraded && d.predicted_ttft_ms > 0.0);
     assert_eq!(admin.worker("w2").await["in_flight"], json!(1));
-    for kind in [pb::ReportKind::FirstToken, pb::ReportKind::Done] {
-        client
-            .report(pb::ReportRequest {
-                request_id: "r-1".into(),
-                kind: kind as i32,
-                elapsed_ms: 120.0,
-                ..Default::default()
-            })
-            .await
-            .expect("report");
-    }
+    first_token_and_done(&mut client, "r-1").await;
     assert_eq!(admin.worker("w2").await["in_flight"], json!(0));
     // The pick is remembered as routed there (whole blocks of the prompt).
     let routed_tokens = |s: &Value, n: &str| by_name(s, n)["routed_tokens"].as_u64().unwrap();
@@ -266,17 +274,7 @@ streams:
         (w["indexed_blocks"] == json!(0) && routed_tokens(&score, "w1") == 0).then_some(())
     })
     .await;
-    for kind in [pb::ReportKind::FirstToken, pb::ReportKind::Done] {
-        client
-            .report(pb::ReportRequest {
-                request_id: "r-2".into(),
-                kind: kind as i32,
-                elapsed_ms: 120.0,
-                ..Default::default()
-            })
-            .await
-            .expect("report");
-    }
+    first_token_and_done(&mut client, "r-2").await;
     assert_eq!(admin.worker("w1").await["in_flight"], json!(0));
 
     let (_, _) = admin.call("GET", "/metrics", None).await;
