@@ -6,7 +6,7 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
-use std::collections::HashSet;
+use std::{collections::HashSet, sync::atomic::AtomicU64};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PickLabels {
@@ -117,6 +117,8 @@ pub struct Metrics {
     pub reports_unmatched: Family<KindLabels, Counter>,
     pub ledger_entries: Gauge,
     pub ledger_tombstones: Gauge,
+    /// How far back the route window reaches (seconds; 0: nothing in it).
+    pub route_window_seconds: Gauge<f64, AtomicU64>,
     /// Tombstones dropped by their capacity bound before their TTL.
     pub tombstones_evicted: Counter,
     /// Picks without a model, steered as the only model served.
@@ -191,6 +193,7 @@ impl Metrics {
             reports_unmatched: Family::default(),
             ledger_entries: Gauge::default(),
             ledger_tombstones: Gauge::default(),
+            route_window_seconds: Gauge::default(),
             tombstones_evicted: Counter::default(),
             model_defaulted: Counter::default(),
             tokenize_cache_tokens: Gauge::default(),
@@ -355,6 +358,11 @@ impl Metrics {
             "ledger_entries",
             "Requests in the ledger (picked, no terminal report yet)",
             m.ledger_entries.clone(),
+        );
+        r.register(
+            "route_window_seconds",
+            "How far back the route window reaches: route_window_s, or less where the routes within it exceed the workers' KV caches",
+            m.route_window_seconds.clone(),
         );
         r.register(
             "ledger_tombstones",

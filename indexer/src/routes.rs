@@ -220,15 +220,31 @@ impl RouteMemory {
 
     /// Passes each window's expiry over what was routed before it at `now`,
     /// and drops the entries out of both (the housekeeping tick).
-    pub fn expire(&self, now: Instant) {
+    ///
+    /// `held`: how many blocks the workers' KV caches hold together (`None`:
+    /// unknown). The route window then also ends where the blocks routed
+    /// within it exceed that: an LRU cache keeps the most recent blocks it
+    /// was sent, so routes older than what all the caches can hold are
+    /// evicted everywhere, and counting them charged every placement alike.
+    /// Returns how far back the route window reaches now (`None`: nothing
+    /// routed within it).
+    pub fn expire(&self, now: Instant, held: Option<u64>) -> Option<Duration> {
         let mut inner = self.inner.lock();
         for w in [ROUTED, PLACED] {
             if let Some(cutoff) = now.checked_sub(self.spans[w]) {
                 inner.pass(w, cutoff);
             }
         }
+        if let Some(held) = held
+            && !self.spans[ROUTED].is_zero()
+        {
+            inner.hold(ROUTED, held);
+        }
         inner.drop_passed();
         inner.bound(self.capacity);
+        inner
+            .reach(ROUTED)
+            .map(|at| now.saturating_duration_since(at))
     }
 
     /// Forgets everything routed to `worker` (its slot is being vacated).
@@ -285,19 +301,47 @@ impl Inner {
     /// Window `w`'s expiry passes the items routed before `cutoff` (in
     /// routing order: it stops at the first one routed later).
     fn pass(&mut self, w: usize, cutoff: Instant) {
-        while let Some(&(at, key, slot)) = self.order.get(self.passed[w]) {
-            if at >= cutoff {
-                break;
-            }
-            self.passed[w] += 1;
-            let Some(e) = self.entry_mut(key, slot, at) else {
-                continue;
-            };
-            if e.live[w] {
-                e.live[w] = false;
-                self.blocks[w][slot as usize] -= 1;
+        while self
+            .order
+            .get(self.passed[w])
+            .is_some_and(|&(at, _, _)| at < cutoff)
+        {
+            self.pass_next(w);
+        }
+    }
+
+    /// Window `w`'s expiry passes the oldest items it counts until it
+    /// counts at most `held` blocks over all workers.
+    fn hold(&mut self, w: usize, held: u64) {
+        let mut counted: u64 = self.blocks[w].iter().sum();
+        while counted > held {
+            match self.pass_next(w) {
+                Some(uncounted) => counted -= u64::from(uncounted),
+                None => break,
             }
         }
+    }
+
+    /// Window `w`'s expiry passes the next item: whether that uncounted a
+    /// block (`None`: no item left).
+    fn pass_next(&mut self, w: usize) -> Option<bool> {
+        let &(at, key, slot) = self.order.get(self.passed[w])?;
+        self.passed[w] += 1;
+        let Some(e) = self.entry_mut(key, slot, at) else {
+            return Some(false);
+        };
+        if !e.live[w] {
+            return Some(false);
+        }
+        e.live[w] = false;
+        self.blocks[w][slot as usize] -= 1;
+        Some(true)
+    }
+
+    /// When the oldest item window `w`'s expiry has not passed was routed:
+    /// the window reaches back to there.
+    fn reach(&self, w: usize) -> Option<Instant> {
+        self.order.get(self.passed[w]).map(|&(at, _, _)| at)
     }
 
     /// Drops the items both windows' expiries have passed, and their
@@ -419,12 +463,12 @@ mod tests {
         // prompt's, but still as the worker's.
         let stale = routed(&r, &keys(0..10), t0 + Duration::from_secs(61));
         assert_eq!(stale[0], blocks(2, 8));
-        r.expire(t0 + Duration::from_secs(61));
+        r.expire(t0 + Duration::from_secs(61), None);
         let later = routed(&r, &keys(0..10), t0 + Duration::from_secs(61));
         assert_eq!(later[0], blocks(2, 0));
         assert_eq!(later[1], Routed::default());
         assert_eq!(r.entries(), 2);
-        r.expire(t0 + Duration::from_secs(111));
+        r.expire(t0 + Duration::from_secs(111), None);
         assert_eq!(r.entries(), 0);
         let gone = routed(&r, &keys(0..10), t0 + Duration::from_secs(111));
         assert_eq!(gone, vec![Routed::default(); 2]);
@@ -455,6 +499,38 @@ mod tests {
     }
 
     #[test]
+    fn the_route_window_ends_where_the_caches_are_full() {
+        let r =
+            RouteMemory::with_windows(2, Duration::from_secs(60), Duration::from_secs(600), 1_000);
+        let t0 = Instant::now();
+        let at = |s| t0 + Duration::from_secs(s);
+        r.record(0, &keys(0..6), at(0));
+        r.record(1, &keys(10..14), at(10));
+        r.record(0, &keys(20..24), at(20));
+        // Block 0 routed again: its first routing no longer counts.
+        r.record(1, &keys(0..1), at(25));
+        r.record(0, &keys(0..1), at(30));
+        // 15 blocks routed within the window; the caches hold 10 together:
+        // the oldest routes leave it (block 0 stays, routed again at 30 s).
+        assert_eq!(r.expire(at(30), Some(10)), Some(Duration::from_secs(20)));
+        let view = r.lookup(&keys(0..30), at(30), Vec::new());
+        assert_eq!(view.worker(0).routed.prompt_blocks, 5, "0 and 20..24");
+        assert_eq!(view.worker(1).routed.prompt_blocks, 5, "10..14 and 0");
+        assert_eq!(view.worker(0).placed.prompt_blocks, 10, "placements stay");
+        // Room for all of it: the time window alone (60 s).
+        assert_eq!(r.expire(at(30), Some(100)), Some(Duration::from_secs(20)));
+        assert_eq!(r.expire(at(50), None), Some(Duration::from_secs(40)));
+        assert_eq!(r.expire(at(100), None), None, "nothing routed within 60 s");
+        let off = routed_only(1, 100);
+        off.record(0, &keys(0..8), at(0));
+        assert_eq!(off.expire(at(1), Some(0)), None, "nothing held: all out");
+        assert_eq!(
+            off.lookup(&keys(0..8), at(1), Vec::new()).worker(0).routed,
+            Routed::default()
+        );
+    }
+
+    #[test]
     fn a_cleared_worker_keeps_its_placements_but_no_working_set() {
         let r =
             RouteMemory::with_windows(2, Duration::from_secs(60), Duration::from_secs(600), 1_000);
@@ -477,12 +553,12 @@ mod tests {
         assert_eq!(again.worker(0).routed.other_blocks, 0);
         // The route window's expiry passes the cleared entries without
         // counting them down a second time; the placements expire later.
-        r.expire(t0 + Duration::from_secs(61));
+        r.expire(t0 + Duration::from_secs(61), None);
         let later = r.lookup(&keys(0..6), t0 + Duration::from_secs(61), Vec::new());
         assert_eq!(later.worker(0).routed.prompt_blocks, 2);
         assert_eq!(later.worker(1).routed, Routed::default());
         assert_eq!(later.worker(0).placed.prompt_blocks, 6);
-        r.expire(t0 + Duration::from_secs(671));
+        r.expire(t0 + Duration::from_secs(671), None);
         assert_eq!(r.entries(), 0);
         let gone = r.lookup(&keys(0..6), t0 + Duration::from_secs(671), Vec::new());
         assert_eq!(gone.worker(0), WorkerRoutes::default());
@@ -503,7 +579,7 @@ mod tests {
         // The slot's next worker starts from nothing; the old items in the
         // expiry order do not take its entries away.
         r.record(1, &keys(10..12), t0 + Duration::from_secs(30));
-        r.expire(t0 + Duration::from_secs(61));
+        r.expire(t0 + Duration::from_secs(61), None);
         let later = routed(&r, &keys(10..12), t0 + Duration::from_secs(61));
         assert_eq!(later[1].prompt_blocks, 2);
         assert_eq!(later[0], Routed::default());
@@ -526,13 +602,13 @@ mod tests {
         assert_eq!(view.seen_tokens(16), 80);
         // Past the route window: placed, no longer routed, and not the
         // worker's working set once the tick has passed it.
-        m.expire(at(100));
+        m.expire(at(100), None);
         let view = m.lookup(&keys(0..5), at(100), Vec::new());
         assert_eq!(view.worker(1).routed, Routed::default());
         assert_eq!(view.worker(1).placed.prompt_blocks, 5);
         // Routed again: back in the working set.
         m.record(1, &keys(0..2), at(200));
-        m.expire(at(200));
+        m.expire(at(200), None);
         let view = m.lookup(&keys(0..5), at(200), Vec::new());
         assert_eq!(
             view.worker(1).routed,
@@ -543,7 +619,7 @@ mod tests {
         );
         assert_eq!(view.worker(1).placed.prompt_blocks, 5);
         // Past the placement window: gone.
-        m.expire(at(700));
+        m.expire(at(700), None);
         assert_eq!(m.entries(), 2);
         assert_eq!(
             m.lookup(&keys(0..5), at(700), Vec::new())
@@ -552,7 +628,7 @@ mod tests {
                 .prompt_blocks,
             2
         );
-        m.expire(at(801));
+        m.expire(at(801), None);
         assert_eq!(m.entries(), 0);
         assert_eq!(
             m.lookup(&keys(0..5), at(801), Vec::new()).worker(1),

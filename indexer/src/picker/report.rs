@@ -150,7 +150,10 @@ impl Picker {
     /// places they expire; picks never do), and refreshes the ledger's
     /// gauges.
     pub fn housekeep(&self, now: Instant) {
-        self.routes.expire(now);
+        let reach = self.routes.expire(now, self.held_blocks());
+        self.metrics
+            .route_window_seconds
+            .set(reach.map_or(0.0, |d| d.as_secs_f64()));
         let expired = self.ledger.expire(now);
         if expired.entries > 0 {
             tracing::debug!(
@@ -176,6 +179,22 @@ impl Picker {
                 .get_or_create(&Metrics::worker(&w.cfg.name))
                 .set(i64::from(in_flight));
         }
+    }
+
+    /// The blocks the workers' KV caches hold together, from their last
+    /// scrapes (`None` when some worker's cache size is unknown: it does
+    /// not export it, or was never scraped).
+    fn held_blocks(&self) -> Option<u64> {
+        let mut held = 0u64;
+        for w in self.workers.iter().filter(|w| !w.is_retired()) {
+            let tokens = w.health.load()?.kv_capacity_tokens;
+            let block_size = self.models.get(&w.cfg.model)?.block_size;
+            if tokens <= 0.0 || block_size == 0 {
+                return None;
+            }
+            held += (tokens / f64::from(block_size)) as u64;
+        }
+        (held > 0).then_some(held)
     }
 
     /// A measured first token of `entry`: the observed-TTFT histograms and

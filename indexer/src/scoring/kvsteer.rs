@@ -85,7 +85,7 @@
 //! everywhere and would go wherever its first token comes earliest, piling
 //! conversations onto the workers that already hold others. The picker
 //! remembers the prompt blocks it routed to each worker recently
-//! (`routes::RecentRoutes`): `routed_other` is that working set minus this
+//! (`routes::RouteMemory`): `routed_other` is that working set minus this
 //! prompt's part, `routed_prompt`. Beyond the cache, LRU
 //! evicts the excess, at most what this placement adds to the set, and the
 //! owners prefill it again at this worker's rate. A conversation returning to

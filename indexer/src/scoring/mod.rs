@@ -36,7 +36,7 @@ pub struct WorkerView {
     /// Calibrated prefill throughput, tokens/s.
     pub prefill_rate: f64,
     /// This prompt's tokens we routed to it recently (whole blocks; see
-    /// `routes::RecentRoutes`), cached there or not.
+    /// `routes::RouteMemory`), cached there or not.
     pub routed_prompt_tokens: u32,
     /// Other prompts' tokens we routed to it recently: the working set its
     /// cache would have to hold for those requests' next turns to hit.
