@@ -563,6 +563,8 @@ mod tests {
     use super::*;
     use crate::app::build_picker;
     use crate::picker::report::Report;
+    use crate::routes::{RouteView, Routed};
+    use crate::scoring::ScrapedLoad;
     use prometheus_client::registry::Registry;
 
     fn picker(policy: &str) -> Arc<Picker> {
@@ -669,6 +671,41 @@ workers:
         }
         let third = p.pick(input("r3", "m"), Mode::Commit).await;
         assert_ne!(third.decision.worker, first.decision.worker);
+    }
+
+    #[tokio::test]
+    async fn the_route_window_holds_what_the_caches_hold() {
+        let p = tokenizing_picker(Index::memory(1 << 10), &mut Registry::default());
+        let mut other = input("r2", "m");
+        other.prompt = Ok(Prompt::Completion {
+            prompt: kvsteer_tokenize::CompletionPrompt::Text(format!(
+                "world{}",
+                " world".repeat(63)
+            )),
+            add_special_tokens: None,
+        });
+        for pick in [input("r1", "m"), other] {
+            assert!(!p.pick(pick, Mode::Commit).await.decision.degraded);
+        }
+        let counted = |window: fn(&RouteView) -> &Vec<Routed>| {
+            let view = p.routes.lookup(&[], Instant::now(), Vec::new());
+            window(&view).iter().map(|r| r.other_blocks).sum::<u64>()
+        };
+        let now = Instant::now();
+        // Cache sizes unknown: the time window alone.
+        p.housekeep(now);
+        assert_eq!(counted(|v| &v.routed), 8, "two prompts of 4 blocks");
+        // Caches of 3 blocks each: the window keeps the newest 6.
+        for w in p.workers().iter() {
+            let load = ScrapedLoad {
+                kv_capacity_tokens: 48.0,
+                ..ScrapedLoad::default()
+            };
+            w.health.record(Ok(load), now);
+        }
+        p.housekeep(now);
+        assert_eq!(counted(|v| &v.routed), 6);
+        assert_eq!(counted(|v| &v.placed), 8, "placements stay");
     }
 
     #[tokio::test]
