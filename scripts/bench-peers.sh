@@ -20,6 +20,9 @@
 # is printed too. One run is noisy past the knee (BENCHMARKS.md, "How far the
 # targets reach"); each round adds the time of a whole run. --records: every
 # run's requests, one JSON line each, in DIR/records/ (which requests make a tail).
+# Every router is restarted before each of its runs (the bench's --before-run
+# calls this script with --restart), as the workers' caches are emptied: no
+# run inherits what a router learned in the runs before it.
 # --overhead: the latency each router adds at light load, against the same
 # request sent straight to a worker (workers with a near-zero step time,
 # `kvsteer-bench overhead`, 1,000-token chat prompts, 10 requests/s); with
@@ -40,6 +43,7 @@ WORKLOADS=shared-prefix,mixed,multi-turn
 ONLY_TARGETS=
 ROUNDS=1
 RECORDS=0
+RESTART=0
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) QUICK=1 ;;
@@ -49,6 +53,7 @@ while [ $# -gt 0 ]; do
     --targets) ONLY_TARGETS=$2; shift ;;
     --rounds) ROUNDS=$2; shift ;;
     --records) RECORDS=1 ;;
+    --restart) RESTART=1 ;;
     *) die "unknown argument $1 (usage: scripts/bench-peers.sh [--quick] [--workloads LIST] [--targets LIST] [--rounds N] [--records] [--out DIR] | --overhead [--targets LIST] [--rounds N])" ;;
   esac
   shift
@@ -68,6 +73,21 @@ REPLAYS=(tcp://127.0.0.1:5567 tcp://127.0.0.1:5568 tcp://127.0.0.1:5569)
 SGLANG_PORT=30001
 VLLM_CACHE_PORT=30002
 VLLM_KV_PORT=30003
+
+# --restart (the bench's --before-run hook, run before each target's run):
+# restarts the router of the target $KVSTEER_BENCH_TARGET and waits until it
+# is ready again. Envoy's round robin keeps no memory.
+if [ "$RESTART" = 1 ]; then
+  case ${KVSTEER_BENCH_TARGET:?--restart is run by the bench, which names the target} in
+    kvsteer) restart_supervised indexer http://127.0.0.1:9091/readyz ;;
+    sglang_cache_aware) restart_supervised sglang-router "http://127.0.0.1:$SGLANG_PORT/readiness" ;;
+    vllm_cache_aware) restart_supervised vllm-router-cache "http://127.0.0.1:$VLLM_CACHE_PORT/health" ;;
+    vllm_kv_aware) restart_supervised vllm-router-kv "http://127.0.0.1:$VLLM_KV_PORT/health" ;;
+    round_robin) ;;
+    *) die "--restart: no router is named $KVSTEER_BENCH_TARGET" ;;
+  esac
+  exit 0
+fi
 
 # time_scaled_config BASE SCALE OUT: BASE (an indexer configuration with a
 # top-level `scoring:` section) with kvsteer's time knobs for workers SCALE
@@ -116,25 +136,19 @@ start_peers() {
   local w args=()
   ports_free "$SGLANG_PORT" "$VLLM_CACHE_PORT" "$VLLM_KV_PORT" 30011 30012 30013
   log "starting sglang-router $SGLANG_ROUTER_VERSION (cache_aware, 127.0.0.1:$SGLANG_PORT)"
-  .cache/peers/sglang/bin/smg launch --host 127.0.0.1 --port "$SGLANG_PORT" --worker-urls "${WORKERS[@]}" \
-    --policy cache_aware --prometheus-host 127.0.0.1 --prometheus-port 30011 \
-    >"$KVSTEER_RUN/sglang-router.log" 2>&1 &
-  KVSTEER_PIDS+=($!)
+  supervise sglang-router .cache/peers/sglang/bin/smg launch --host 127.0.0.1 --port "$SGLANG_PORT" \
+    --worker-urls "${WORKERS[@]}" --policy cache_aware --prometheus-host 127.0.0.1 --prometheus-port 30011
   log "starting vllm-router $VLLM_ROUTER_VERSION (cache_aware, 127.0.0.1:$VLLM_CACHE_PORT)"
-  .cache/peers/vllm-router/bin/vllm-router --host 127.0.0.1 --port "$VLLM_CACHE_PORT" \
+  supervise vllm-router-cache .cache/peers/vllm-router/bin/vllm-router --host 127.0.0.1 --port "$VLLM_CACHE_PORT" \
     --worker-urls "${WORKERS[@]}" --policy cache_aware \
-    --prometheus-host 127.0.0.1 --prometheus-port 30012 \
-    >"$KVSTEER_RUN/vllm-router-cache.log" 2>&1 &
-  KVSTEER_PIDS+=($!)
+    --prometheus-host 127.0.0.1 --prometheus-port 30012
   for w in 0 1 2; do
     args+=(--kv-event-source "${WORKERS[$w]}=${EVENTS[$w]}" --kv-event-replay-source "${WORKERS[$w]}=${REPLAYS[$w]}")
   done
   log "starting vllm-router $VLLM_ROUTER_VERSION (kv_aware on the workers' KV events, 127.0.0.1:$VLLM_KV_PORT)"
-  .cache/peers/vllm-router/bin/vllm-router --host 127.0.0.1 --port "$VLLM_KV_PORT" \
+  supervise vllm-router-kv .cache/peers/vllm-router/bin/vllm-router --host 127.0.0.1 --port "$VLLM_KV_PORT" \
     --worker-urls "${WORKERS[@]}" --policy kv_aware "${args[@]}" --kv-event-model "$KVSTEER_MODEL" \
-    --prometheus-host 127.0.0.1 --prometheus-port 30013 \
-    >"$KVSTEER_RUN/vllm-router-kv.log" 2>&1 &
-  KVSTEER_PIDS+=($!)
+    --prometheus-host 127.0.0.1 --prometheus-port 30013
   wait_http "http://127.0.0.1:$SGLANG_PORT/readiness" "sglang-router"
   wait_http "http://127.0.0.1:$VLLM_CACHE_PORT/health" "vllm-router (cache_aware)"
   wait_http "http://127.0.0.1:$VLLM_KV_PORT/health" "vllm-router (kv_aware)"
@@ -195,7 +209,7 @@ if [ "$TIME_SCALE" != 1 ]; then
   time_scaled_config "${KVSTEER_INDEXER_CONFIG:-envoy/local/indexer.yaml}" "$TIME_SCALE" "$OUT/indexer.yaml"
   export KVSTEER_INDEXER_CONFIG=$OUT/indexer.yaml
 fi
-RUST_LOG=warn KVSTEER_SIM_ARGS="--prefix-caching-hash-algo sha256_cbor" \
+RUST_LOG=warn KVSTEER_RESTARTABLE=1 KVSTEER_SIM_ARGS="--prefix-caching-hash-algo sha256_cbor" \
   start_local_layout "$PROFILE" "$TIME_SCALE" roundrobin
 start_peers
 
@@ -209,7 +223,8 @@ run() {
   "$KVSTEER_BIN/kvsteer-bench" --live --chat --tokenizer .cache/tokenizers/qwen3 \
     --live-time-scale "$TIME_SCALE" --model "$KVSTEER_MODEL" --target "${TARGETS[@]}" \
     --reset-worker "${WORKERS[@]}" --workers 3 --profile "$PROFILE" --seed "$SEED" \
-    --rates "$rates" --repeats "$ROUNDS" "${records[@]}" --out "$OUT/$name.json" "$@"
+    --rates "$rates" --repeats "$ROUNDS" "${records[@]}" --out "$OUT/$name.json" \
+    --before-run "$(printf '%q' "$KVSTEER_ROOT/scripts/bench-peers.sh") --restart" "$@"
 }
 
 # Sizes and rates: 3 workers of this profile serve ~190-200 rpm of SHARED

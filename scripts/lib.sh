@@ -157,6 +157,48 @@ stop_local_layout() {
   KVSTEER_PIDS=()
 }
 
+# supervise NAME CMD…: runs CMD in the background, its output appended to
+# $KVSTEER_RUN/NAME.log and its process id in $KVSTEER_RUN/NAME.pid, and
+# starts it again whenever it exits (noted in the log), until the supervisor
+# itself is stopped (stop_local_layout), which stops CMD too.
+supervise() {
+  local name=$1
+  shift
+  : >"$KVSTEER_RUN/$name.log"
+  (
+    child=
+    trap '[ -z "$child" ] || kill "$child" 2>/dev/null; exit 0' TERM
+    while :; do
+      "$@" >>"$KVSTEER_RUN/$name.log" 2>&1 &
+      child=$!
+      echo "$child" >"$KVSTEER_RUN/$name.pid"
+      wait "$child" || true
+      echo "supervise: $name ($child) exited; starting it again" >>"$KVSTEER_RUN/$name.log"
+      sleep 1
+    done
+  ) &
+  KVSTEER_PIDS+=($!)
+}
+
+# restart_supervised NAME URL: stops NAME's current process (see supervise)
+# and waits until the next one answers URL.
+restart_supervised() {
+  local name=$1 url=$2 pid
+  pid=$(cat "$KVSTEER_RUN/$name.pid" 2>/dev/null) || die "$name is not running under supervise"
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 300); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  ! kill -0 "$pid" 2>/dev/null || die "$name ($pid) did not stop"
+  for _ in $(seq 1 300); do
+    [ "$(cat "$KVSTEER_RUN/$name.pid")" = "$pid" ] || break
+    sleep 0.1
+  done
+  [ "$(cat "$KVSTEER_RUN/$name.pid")" != "$pid" ] || die "$name did not start again (log: $KVSTEER_RUN/$name.log)"
+  wait_http "$url" "$name"
+}
+
 wait_http() {
   local url=$1 what=$2
   for _ in $(seq 1 300); do
@@ -170,7 +212,9 @@ wait_http() {
 # the indexer and Envoy with kvsteer (and, with "roundrobin", the plain
 # round-robin Envoy on 127.0.0.1:8081 as well). Logs go to .demo/.
 # KVSTEER_SIM_ARGS: extra arguments for each `kvsteer-sim engine`;
-# KVSTEER_INDEXER_CONFIG / KVSTEER_ENVOY_CONFIG: other configs than envoy/local's.
+# KVSTEER_INDEXER_CONFIG / KVSTEER_ENVOY_CONFIG: other configs than envoy/local's;
+# KVSTEER_RESTARTABLE=1: the indexer runs under `supervise indexer`, so that
+# `restart_supervised indexer http://127.0.0.1:9091/readyz` restarts it.
 start_local_layout() {
   local profile=$1 scale=$2 extra=${3:-} i
   ensure_apt curl:curl
@@ -188,9 +232,14 @@ start_local_layout() {
   for i in 1 2 3; do wait_http "http://127.0.0.1:800$i/health" "worker w$i"; done
 
   log "starting the indexer (gRPC 127.0.0.1:9090, admin 127.0.0.1:9091)"
-  RUST_LOG=${RUST_LOG:-info} "$KVSTEER_BIN/kvsteer-indexer" serve --config "${KVSTEER_INDEXER_CONFIG:-envoy/local/indexer.yaml}" \
-    >"$KVSTEER_RUN/indexer.log" 2>&1 &
-  KVSTEER_PIDS+=($!)
+  local indexer=(env RUST_LOG="${RUST_LOG:-info}" "$KVSTEER_BIN/kvsteer-indexer" serve
+    --config "${KVSTEER_INDEXER_CONFIG:-envoy/local/indexer.yaml}")
+  if [ "${KVSTEER_RESTARTABLE:-0}" = 1 ]; then
+    supervise indexer "${indexer[@]}"
+  else
+    "${indexer[@]}" >"$KVSTEER_RUN/indexer.log" 2>&1 &
+    KVSTEER_PIDS+=($!)
+  fi
   wait_http http://127.0.0.1:9091/readyz "the indexer"
 
   log "starting Envoy with the kvsteer filter (127.0.0.1:8080)"

@@ -139,6 +139,13 @@ pub struct BenchArgs {
     /// "Medians of three runs per router").
     #[arg(long, default_value_t = 1)]
     pub repeats: u32,
+    /// Live: a shell command (`sh -c`) run before each target's run, with
+    /// `KVSTEER_BENCH_TARGET` (its name) and `KVSTEER_BENCH_TARGET_URL` set,
+    /// e.g. one that restarts that router, so that no run inherits what the
+    /// router learned in the runs before it (the workers' caches are reset
+    /// after it). The bench stops when it fails.
+    #[arg(long)]
+    pub before_run: Option<String>,
 }
 
 /// Validated arguments.
@@ -208,6 +215,9 @@ impl BenchArgs {
         }
         if self.repeats > 1 && !self.live {
             bail!("--repeats is for --live runs (virtual time gives the same result every run)");
+        }
+        if self.before_run.is_some() && !self.live {
+            bail!("--before-run is for --live runs (a virtual run has no router to restart)");
         }
         if self.chat && self.tokenizer.is_none() {
             bail!("--chat needs --tokenizer DIR (the workers' tokenizer)");

@@ -168,6 +168,8 @@ fn bad_flags_are_named() {
     assert!(err.to_string().contains("--live"), "{err}");
     let err = args(&["--repeats", "0"]).resolve().unwrap_err();
     assert!(err.to_string().contains("at least 1"), "{err}");
+    let err = args(&["--before-run", "true"]).resolve().unwrap_err();
+    assert!(err.to_string().contains("--live"), "{err}");
 }
 
 #[test]

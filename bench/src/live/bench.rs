@@ -36,6 +36,9 @@ use kvsteer_sim::live::client::{ClientError, Observed, stream_request};
 /// Requests are abandoned after this long.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// A `--before-run` command is killed, and the bench stopped, after this long.
+const BEFORE_RUN_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// `NAME=URL` or `URL` (named after its position).
 fn targets(raw: &[String]) -> anyhow::Result<Vec<(String, String)>> {
     if raw.is_empty() {
@@ -74,6 +77,9 @@ pub async fn run(args: &Resolved) -> anyhow::Result<()> {
         for &rate in &args.rates {
             let plan = args.plan(kind, rate);
             for (repeat, name, url) in rounds(&targets, raw.repeats) {
+                if let Some(cmd) = &raw.before_run {
+                    before_run(cmd, name, url, BEFORE_RUN_TIMEOUT).await?;
+                }
                 reset(&client, &args.args().reset_worker).await?;
                 let sessions = plan
                     .arrivals
@@ -132,6 +138,30 @@ fn rounds(
             (repeat, name.as_str(), url.as_str())
         })
     })
+}
+
+/// Runs `--before-run` for one target's run: `sh -c cmd` with the target's
+/// name and URL in its environment. An error when it cannot start, fails
+/// or outlasts `timeout` (it is killed then).
+async fn before_run(cmd: &str, name: &str, url: &str, timeout: Duration) -> anyhow::Result<()> {
+    eprintln!("live: before {name}'s run: {cmd}");
+    let child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .env("KVSTEER_BENCH_TARGET", name)
+        .env("KVSTEER_BENCH_TARGET_URL", url)
+        .kill_on_drop(true)
+        .status();
+    let status = tokio::time::timeout(timeout, child)
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!("--before-run for {name} did not finish within {timeout:?}: {cmd}")
+        })?
+        .with_context(|| format!("--before-run for {name}: cannot start sh"))?;
+    if !status.success() {
+        bail!("--before-run for {name} failed ({status}): {cmd}");
+    }
+    Ok(())
 }
 
 /// Empties the workers' prefix caches (they must be idle).
@@ -616,6 +646,32 @@ mod tests {
             assert!(pair[1].arrival >= pair[0].arrival + sp.turns[k + 1].think_s);
         }
         server.shutdown().await;
+    }
+
+    /// The command sees which target runs next; a failing or hanging one
+    /// stops the bench, naming the target.
+    #[tokio::test]
+    async fn before_run_knows_its_target_and_stops_the_bench_when_it_fails() {
+        let file = std::env::temp_dir().join(format!("kvsteer-before-run-{}", std::process::id()));
+        let cmd = format!(
+            "printf '%s %s' \"$KVSTEER_BENCH_TARGET\" \"$KVSTEER_BENCH_TARGET_URL\" > '{}'",
+            file.display()
+        );
+        let long = Duration::from_secs(60);
+        before_run(&cmd, "sglang", "http://127.0.0.1:30000", long)
+            .await
+            .unwrap();
+        let seen = std::fs::read_to_string(&file).unwrap();
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(seen, "sglang http://127.0.0.1:30000");
+        let err = before_run("exit 3", "kvsteer", "http://a", long)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("kvsteer failed"), "{err}");
+        let err = before_run("sleep 30", "rr", "http://a", Duration::from_millis(50))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("did not finish"), "{err}");
     }
 
     #[test]
