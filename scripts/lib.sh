@@ -160,14 +160,14 @@ stop_local_layout() {
 # supervise NAME CMD…: runs CMD in the background, its output appended to
 # $KVSTEER_RUN/NAME.log and its process id in $KVSTEER_RUN/NAME.pid, and
 # starts it again whenever it exits (noted in the log), until the supervisor
-# itself is stopped (stop_local_layout), which stops CMD too.
+# itself is stopped (stop_local_layout), which stops CMD and removes the pid file.
 supervise() {
   local name=$1
   shift
   : >"$KVSTEER_RUN/$name.log"
   (
     child=
-    trap '[ -z "$child" ] || kill "$child" 2>/dev/null; exit 0' TERM
+    trap '[ -z "$child" ] || kill "$child" 2>/dev/null; rm -f "$KVSTEER_RUN/$name.pid"; exit 0' TERM
     while :; do
       "$@" >>"$KVSTEER_RUN/$name.log" 2>&1 &
       child=$!
@@ -181,7 +181,8 @@ supervise() {
 }
 
 # restart_supervised NAME URL: stops NAME's current process (see supervise)
-# and waits until the next one answers URL.
+# and waits until the next one answers URL (once the old one is gone, only
+# the next can).
 restart_supervised() {
   local name=$1 url=$2 pid
   pid=$(cat "$KVSTEER_RUN/$name.pid" 2>/dev/null) || die "$name is not running under supervise"
@@ -191,11 +192,6 @@ restart_supervised() {
     sleep 0.1
   done
   ! kill -0 "$pid" 2>/dev/null || die "$name ($pid) did not stop"
-  for _ in $(seq 1 300); do
-    [ "$(cat "$KVSTEER_RUN/$name.pid")" = "$pid" ] || break
-    sleep 0.1
-  done
-  [ "$(cat "$KVSTEER_RUN/$name.pid")" != "$pid" ] || die "$name did not start again (log: $KVSTEER_RUN/$name.log)"
   wait_http "$url" "$name"
 }
 
