@@ -93,6 +93,10 @@ pub struct BenchArgs {
     /// Parallel runs (default: available cores).
     #[arg(long)]
     pub jobs: Option<usize>,
+    /// `--policies search`: full runs the placement search may make per
+    /// workload × rate (its two starts included).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(2..))]
+    pub search_runs: u32,
     /// Scoring settings for the indexer's policies: a YAML file, an indexer
     /// configuration (its `scoring:` section is used) or that section alone.
     /// Default: the indexer's defaults.
@@ -302,6 +306,8 @@ impl Resolved {
             event_delay_s: self.event_delay_s,
             scrape_interval_s: self.scrape_interval_s,
             scrape_latency: self.raw.scrape_latency,
+            placement: None,
+            search_runs: self.raw.search_runs as usize,
         }
     }
 

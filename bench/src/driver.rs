@@ -11,6 +11,7 @@
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
 
 use kvsteer_indexer::config::ScoringConfig;
 use kvsteer_kv_events::{Encoding, encode_batch};
@@ -35,7 +36,25 @@ pub struct RunConfig {
     pub scrape_interval_s: f64,
     /// The scrape includes the engines' latency histograms.
     pub scrape_latency: bool,
+    /// Requests sent to a given worker instead of the policy's pick (the
+    /// `search` policy's candidates); requests not in it are picked by the
+    /// policy.
+    pub placement: Option<Arc<Placement>>,
+    /// `search`: runs it may try (each a full run).
+    pub search_runs: usize,
 }
+
+/// Which planned request a request is: a single arrival, or one turn of a
+/// session. The same across runs of one plan whatever the placement
+/// (record indices are not: turns are submitted when the previous one ends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RequestKey {
+    Arrival(usize),
+    Turn { session: usize, turn: usize },
+}
+
+/// A worker per planned request.
+pub type Placement = HashMap<RequestKey, usize>;
 
 /// One request's fate.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,6 +80,8 @@ pub struct RequestRecord {
 #[derive(Debug, Clone)]
 pub struct RunOutput {
     pub records: Vec<RequestRecord>,
+    /// `records[i]`'s planned request (empty for live runs).
+    pub keys: Vec<RequestKey>,
     pub preemptions: u64,
     pub event_batches: u64,
     pub event_errors: u64,
@@ -119,6 +140,7 @@ struct Sim<'a> {
     heap: BinaryHeap<Timed>,
     seq: u64,
     records: Vec<RequestRecord>,
+    keys: Vec<RequestKey>,
     sessions: HashMap<usize, Session>,
     /// Request id → session, for requests that are session turns.
     session_of: HashMap<u64, (usize, usize)>,
@@ -158,6 +180,7 @@ pub fn run(plan: &Plan, cfg: &RunConfig) -> RunOutput {
         heap: BinaryHeap::new(),
         seq: 0,
         records: Vec::with_capacity(plan.arrivals.len()),
+        keys: Vec::with_capacity(plan.arrivals.len()),
         sessions: HashMap::new(),
         session_of: HashMap::new(),
         outputs: HashMap::new(),
@@ -202,6 +225,7 @@ pub fn run(plan: &Plan, cfg: &RunConfig) -> RunOutput {
         event_errors: sim.router.event_errors,
         prefill_rates: sim.router.prefill_rates(),
         records: sim.records,
+        keys: sim.keys,
         event_batches: sim.event_batches,
         steps: sim.steps,
         end_s: sim.end_s,
@@ -225,7 +249,8 @@ impl Sim<'_> {
         match &a.what {
             What::Single { prompt, output } => {
                 let tokens = self.plan.prompt(prompt);
-                self.submit(a.tenant, prompt.group(), tokens, *output, now);
+                let key = RequestKey::Arrival(i);
+                self.submit(key, a.tenant, prompt.group(), tokens, *output, now);
             }
             &What::Session(s) => {
                 let context = self.plan.session_start(&self.plan.sessions[s]);
@@ -252,7 +277,8 @@ impl Sim<'_> {
             return;
         }
         let prompt = state.context.clone();
-        let id = self.submit(Tenant::Agent, None, prompt, output, now);
+        let key = RequestKey::Turn { session, turn };
+        let id = self.submit(key, Tenant::Agent, None, prompt, output, now);
         if self.records[id as usize].rejected {
             self.sessions.remove(&session);
             return;
@@ -264,6 +290,7 @@ impl Sim<'_> {
     /// Routes and submits one request; returns its id (its record index).
     fn submit(
         &mut self,
+        key: RequestKey,
         tenant: Tenant,
         group: Option<u32>,
         prompt: Vec<u32>,
@@ -281,7 +308,15 @@ impl Sim<'_> {
             lora: None,
             cache_salt: None,
         };
-        let choice = if self.cfg.policy == BenchPolicy::Oracle {
+        let placed = self
+            .cfg
+            .placement
+            .as_ref()
+            .and_then(|p| p.get(&key).copied())
+            .filter(|&w| w < self.engines.len());
+        let choice = if let Some(w) = placed {
+            self.router.pick_known(id, &req.prompt_token_ids, now, w)
+        } else if self.cfg.policy == BenchPolicy::Oracle {
             let (w, first_at) = oracle::choose(&self.engines, &self.free_at, &req, id as usize);
             let mut choice = self.router.pick_known(id, &req.prompt_token_ids, now, w);
             // Its prediction is what it foresaw: the error measures the foresight.
@@ -295,6 +330,7 @@ impl Sim<'_> {
         let prompt_tokens = req.prompt_token_ids.len() as u32;
         let w = choice.worker;
         let added = self.engines[w].add_request(req);
+        self.keys.push(key);
         self.records.push(RequestRecord {
             tenant,
             group,

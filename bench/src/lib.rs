@@ -17,6 +17,7 @@ pub mod plot;
 pub mod policy;
 pub mod report;
 pub mod router;
+pub mod search;
 pub mod service;
 pub mod summary;
 pub mod tokens;
@@ -61,7 +62,26 @@ fn run_all(jobs: &[Job<'_>], threads: usize, progress: bool) -> Vec<RunSummary> 
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(job) = jobs.get(i) else { break };
                     let start = std::time::Instant::now();
-                    let out = run(job.plan, &job.cfg);
+                    let out = if job.cfg.policy == policy::BenchPolicy::Search {
+                        let found = search::search(job.plan, &job.cfg);
+                        if progress {
+                            eprintln!(
+                                "  {} search @ {} rpm: from {} (p90 {:.3} s, {} side targets missed), {} runs, {} moves kept: p90 {:.3} s, {} missed",
+                                job.workload,
+                                job.rate,
+                                found.start,
+                                found.start_score.map_or(f64::NAN, |s| s.run.p90_s),
+                                found.start_score.map_or(0, |s| s.misses),
+                                found.runs,
+                                found.kept,
+                                found.score.map_or(f64::NAN, |s| s.run.p90_s),
+                                found.score.map_or(0, |s| s.misses),
+                            );
+                        }
+                        found.output
+                    } else {
+                        run(job.plan, &job.cfg)
+                    };
                     let summary = summary::summarize(
                         job.workload,
                         job.cfg.policy.name(),

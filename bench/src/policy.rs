@@ -2,8 +2,9 @@
 //! `kvsteer_indexer::scoring::rank`, the function the service runs), two
 //! peer-inspired ones implemented here ([`super::peers`]) and, on request, a
 //! Kubernetes Service reached through a keep-alive client ([`super::service`])
-//! and the greedy oracle that foresees every worker's first token
-//! ([`super::oracle`]).
+//! the greedy oracle that foresees every worker's first token
+//! ([`super::oracle`]) and the placement search with hindsight
+//! ([`super::search`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -26,6 +27,9 @@ pub enum BenchPolicy {
     /// copies of the engines run forward ([`super::oracle`]; not in the
     /// default list).
     Oracle,
+    /// The best placement of the whole run a search with hindsight finds
+    /// ([`super::search`]; not in the default list).
+    Search,
 }
 
 /// `kvsteer_indexer::config::Policy`, orderable.
@@ -43,7 +47,7 @@ pub const ALL_POLICIES: &str =
     "random,round_robin,least_request,prefix_only,kvsteer,dynamo_like,sglang_like";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown policy {0:?} (known: {ALL_POLICIES},k8s_service,oracle)")]
+#[error("unknown policy {0:?} (known: {ALL_POLICIES},k8s_service,oracle,search)")]
 pub struct UnknownPolicy(pub String);
 
 // === impl BenchPolicy ===
@@ -56,6 +60,7 @@ impl BenchPolicy {
             Self::SglangLike => "sglang_like",
             Self::K8sService => "k8s_service",
             Self::Oracle => "oracle",
+            Self::Search => "search",
         }
     }
 
@@ -86,6 +91,7 @@ impl FromStr for BenchPolicy {
             "sglang_like" => Self::SglangLike,
             "k8s_service" => Self::K8sService,
             "oracle" => Self::Oracle,
+            "search" => Self::Search,
             other => return Err(UnknownPolicy(other.to_owned())),
         })
     }
@@ -130,9 +136,14 @@ mod tests {
         assert!(err.to_string().contains("sglang_like"));
         assert!(err.to_string().contains("k8s_service"));
         assert!(err.to_string().contains("oracle"));
+        assert!(err.to_string().contains("search"));
         assert_eq!(
             BenchPolicy::parse_list("oracle").unwrap(),
             vec![BenchPolicy::Oracle]
+        );
+        assert_eq!(
+            BenchPolicy::parse_list("search").unwrap(),
+            vec![BenchPolicy::Search]
         );
         assert_eq!(
             BenchPolicy::parse_list("k8s_service").unwrap(),

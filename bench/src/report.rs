@@ -323,6 +323,7 @@ mod tests {
             .collect();
         let out = RunOutput {
             records,
+            keys: Vec::new(),
             preemptions: 0,
             event_batches: 0,
             event_errors: 0,

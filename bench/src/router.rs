@@ -131,7 +131,8 @@ impl VirtualRouter {
 
     /// The policy's pick. `oracle` needs the engines, so the driver picks for
     /// it and records the pick with [`Self::pick_known`]; asked here, it gets
-    /// `sglang_like`'s rule.
+    /// `sglang_like`'s rule, and so does `search` for a request its
+    /// placement lacks.
     pub fn pick(&mut self, id: u64, prompt: &[u32], now: f64) -> Choice {
         let at = PickAt {
             now: self.instant(now),
@@ -165,7 +166,8 @@ impl VirtualRouter {
             BenchPolicy::DynamoLike
             | BenchPolicy::SglangLike
             | BenchPolicy::K8sService
-            | BenchPolicy::Oracle => self.peer_pick(id, &request_id, prompt, now, at.random, None),
+            | BenchPolicy::Oracle
+            | BenchPolicy::Search => self.peer_pick(id, &request_id, prompt, now, at.random, None),
         }
     }
 

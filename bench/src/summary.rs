@@ -374,6 +374,7 @@ mod tests {
                 .filter_map(|r| r.finished_at)
                 .fold(0.0, f64::max),
             records,
+            keys: Vec::new(),
             preemptions: 0,
             event_batches: 0,
             event_errors: 0,

@@ -214,3 +214,70 @@ fn a_scoring_file_reaches_the_indexer_policies() {
     assert!(err.to_string().contains("/nowhere/scoring.yaml"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_replayed_placement_reproduces_its_run_and_the_search_keeps_only_gains() {
+    use kvsteer_bench::driver::RequestKey;
+    use kvsteer_bench::policy::BenchPolicy;
+    use kvsteer_bench::search::{Measured, Score, placement_of, search};
+    use kvsteer_bench::workload::WorkloadKind;
+    use std::sync::Arc;
+
+    let mut a = args(&["--workload", "mixed", "--search-runs", "12"]);
+    a.rates = vec![240.0];
+    let resolved = a.resolve().unwrap();
+    let plan = resolved.plan(WorkloadKind::Mixed, 240.0);
+    let kvsteer = kvsteer_bench::run(&plan, &resolved.run_config("kvsteer".parse().unwrap()));
+    assert!(!kvsteer.records.is_empty());
+    assert_eq!(kvsteer.keys.len(), kvsteer.records.len());
+    // The same worker for every planned request gives the same run, session
+    // turns included (they are keyed by session and turn, not by id).
+    let mut replay_cfg = resolved.run_config(BenchPolicy::Search);
+    replay_cfg.placement = Some(Arc::new(placement_of(&kvsteer)));
+    let replay = kvsteer_bench::run(&plan, &replay_cfg);
+    let fates = |o: &kvsteer_bench::RunOutput| {
+        o.records
+            .iter()
+            .map(|r| (r.worker, r.first_token_at, r.finished_at, r.cached_tokens))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(fates(&replay), fates(&kvsteer));
+    assert_eq!(replay.keys, kvsteer.keys);
+    // Another placement is another run.
+    let mut moved = placement_of(&kvsteer);
+    for w in moved.values_mut() {
+        *w = 0;
+    }
+    replay_cfg.placement = Some(Arc::new(moved));
+    let one_worker = kvsteer_bench::run(&plan, &replay_cfg);
+    assert!(one_worker.records.iter().all(|r| r.worker == 0));
+
+    let sglang = kvsteer_bench::run(&plan, &resolved.run_config(BenchPolicy::SglangLike));
+    let peer = Measured::of(&sglang, 3).unwrap();
+    let found = search(&plan, &resolved.run_config(BenchPolicy::Search));
+    assert_eq!(found.runs, 12);
+    assert_eq!(found.peer, Some(peer));
+    let starts = [
+        Score::of(&kvsteer, 3, Some(&peer)).unwrap(),
+        Score::of(&sglang, 3, Some(&peer)).unwrap(),
+    ];
+    assert_eq!(starts[1].misses, 0, "the peer meets its own targets");
+    let start = found.start_score.unwrap();
+    assert!(starts.contains(&start));
+    let score = found.score.unwrap();
+    // Never worse than the start: fewer misses, or as many and p90 no higher.
+    assert!(score.misses <= start.misses);
+    assert!(score.misses < start.misses || score.run.p90_s <= start.run.p90_s);
+    assert_eq!(Score::of(&found.output, 3, Some(&peer)), found.score);
+    // Every planned arrival and session is served (later turns may come or
+    // not, as the placement moves their timing).
+    let planned = |o: &kvsteer_bench::RunOutput| {
+        o.keys
+            .iter()
+            .filter(|k| matches!(k, RequestKey::Arrival(_) | RequestKey::Turn { turn: 0, .. }))
+            .count()
+    };
+    assert_eq!(planned(&found.output), plan.arrivals.len());
+    assert_eq!(planned(&kvsteer), plan.arrivals.len());
+    assert!(found.output.records.iter().all(|r| r.finished_at.is_some()));
+}

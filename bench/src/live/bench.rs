@@ -342,6 +342,7 @@ async fn drive(
     }
     Ok(RunOutput {
         records,
+        keys: Vec::new(),
         preemptions: 0,
         event_batches: 0,
         event_errors: 0,
