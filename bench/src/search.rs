@@ -21,7 +21,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::driver::{self, Placement, RequestKey, RunConfig, RunOutput};
 use super::policy::{BenchPolicy, IndexerPolicy};
-use super::summary::{percentile, summarize};
+use super::summary::summarize;
 use super::workload::Plan;
 
 /// Where the search starts: the policies whose placements it tries first.
@@ -48,8 +48,8 @@ pub struct Measured {
 }
 
 impl Measured {
-    /// From a run's finished requests, as the summary counts them (`None`
-    /// when none finished).
+    /// From a run's finished requests: the summary's figures, and the
+    /// slowest tenth (`None` when none finished).
     pub fn of(out: &RunOutput, workers: usize) -> Option<Self> {
         let s = summarize("", "", 0.0, workers, out);
         let mut ttft: Vec<f64> = out
@@ -64,8 +64,8 @@ impl Measured {
         ttft.sort_by(f64::total_cmp);
         let slowest = &ttft[ttft.len() - ttft.len().div_ceil(10)..];
         Some(Self {
-            p50_s: percentile(&ttft, 50.0),
-            p90_s: percentile(&ttft, 90.0),
+            p50_s: s.ttft_p50_s,
+            p90_s: s.ttft_p90_s,
             tail_mean_s: slowest.iter().sum::<f64>() / slowest.len() as f64,
             hit_rate: s.cache_hit_rate,
             throughput_rps: s.throughput_rps,
