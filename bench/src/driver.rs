@@ -90,6 +90,23 @@ pub struct RunOutput {
     pub prefill_rates: Vec<f64>,
 }
 
+impl RunOutput {
+    /// A run known only by its requests (a live run's, a test's): no
+    /// engine counters, ended at `end_s`.
+    pub fn of_records(records: Vec<RequestRecord>, keys: Vec<RequestKey>, end_s: f64) -> Self {
+        Self {
+            records,
+            keys,
+            preemptions: 0,
+            event_batches: 0,
+            event_errors: 0,
+            steps: 0,
+            end_s,
+            prefill_rates: Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Ev {
     Arrive(usize),

@@ -321,16 +321,7 @@ mod tests {
                 rejected: false,
             })
             .collect();
-        let out = RunOutput {
-            records,
-            keys: Vec::new(),
-            preemptions: 0,
-            event_batches: 0,
-            event_errors: 0,
-            steps: 0,
-            end_s: 0.0,
-            prefill_rates: Vec::new(),
-        };
+        let out = RunOutput::of_records(records, Vec::new(), 0.0);
         let mut s = summarize("mixed", policy, 120.0, 1, &out);
         s.repeat = repeat;
         s

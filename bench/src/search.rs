@@ -265,16 +265,7 @@ mod tests {
     }
 
     fn output(records: Vec<RequestRecord>, keys: Vec<RequestKey>) -> RunOutput {
-        RunOutput {
-            records,
-            keys,
-            preemptions: 0,
-            event_batches: 0,
-            event_errors: 0,
-            steps: 0,
-            end_s: 0.0,
-            prefill_rates: Vec::new(),
-        }
+        RunOutput::of_records(records, keys, 0.0)
     }
 
     #[test]
@@ -301,19 +292,17 @@ mod tests {
         };
         assert_eq!(peer.misses(&peer), 0);
         // Each side target at its edge holds; past it, it is missed.
-        let edge = Measured {
-            p50_s: 1.05,
-            hit_rate: 0.28,
-            throughput_rps: 0.95,
+        let off = |p50_s, hit_rate, throughput_rps| Measured {
+            p50_s,
+            hit_rate,
+            throughput_rps,
             ..peer
         };
-        assert_eq!(edge.misses(&peer), 0);
-        let all = Measured {
-            p50_s: 1.06,
-            hit_rate: 0.27,
-            throughput_rps: 0.94,
-            ..peer
-        };
+        assert_eq!(off(1.05, 0.28, 0.95).misses(&peer), 0);
+        assert_eq!(off(1.06, 0.30, 1.0).misses(&peer), 1);
+        assert_eq!(off(1.0, 0.27, 1.0).misses(&peer), 1);
+        assert_eq!(off(1.0, 0.30, 0.94).misses(&peer), 1);
+        let all = off(1.06, 0.27, 0.94);
         assert_eq!(all.misses(&peer), 3);
         // A run that misses fewer side targets wins whatever its p90.
         let fast_but_missing = Score {

@@ -368,19 +368,11 @@ mod tests {
     }
 
     fn output(records: Vec<RequestRecord>) -> RunOutput {
-        RunOutput {
-            end_s: records
-                .iter()
-                .filter_map(|r| r.finished_at)
-                .fold(0.0, f64::max),
-            records,
-            keys: Vec::new(),
-            preemptions: 0,
-            event_batches: 0,
-            event_errors: 0,
-            steps: 0,
-            prefill_rates: vec![],
-        }
+        let end_s = records
+            .iter()
+            .filter_map(|r| r.finished_at)
+            .fold(0.0, f64::max);
+        RunOutput::of_records(records, Vec::new(), end_s)
     }
 
     /// Arrivals at 0..9 s: what finishes after the last arrival counts in

@@ -340,16 +340,11 @@ async fn drive(
             rejected: !ok,
         });
     }
-    Ok(RunOutput {
+    Ok(RunOutput::of_records(
         records,
-        keys: Vec::new(),
-        preemptions: 0,
-        event_batches: 0,
-        event_errors: 0,
-        steps: 0,
-        end_s: plan_elapsed(start, scale),
-        prefill_rates: Vec::new(),
-    })
+        Vec::new(),
+        plan_elapsed(start, scale),
+    ))
 }
 
 /// A streaming completion of `prompt` (token ids) that returns the
