@@ -156,18 +156,16 @@ pub fn search(plan: &Plan, cfg: &RunConfig) -> Found {
         unreachable!("STARTS is not empty")
     };
     let mut score = start_score;
-    let mut placement = placement_of(&out);
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5ea2_c4ed);
     let mut runs = STARTS.len();
     let mut kept = 0;
     while runs < cfg.search_runs && cfg.workers > 1 && !out.records.is_empty() {
-        let candidate = neighbour(&placement, &out, cfg.workers, &mut rng);
+        let candidate = neighbour(&out, cfg.workers, &mut rng);
         let tried = driver::run(plan, &with(BenchPolicy::Search, Some(Arc::new(candidate))));
         runs += 1;
         let s = Score::of(&tried, cfg.workers, peer.as_ref());
         if better(s, score) {
             score = s;
-            placement = placement_of(&tried);
             out = tried;
             kept += 1;
         }
@@ -192,15 +190,10 @@ fn better(a: Option<Score>, b: Option<Score>) -> bool {
     }
 }
 
-/// `placement` with one move: a request (half the time one of the slowest
-/// fifth, else any) goes to another worker, alone or (half the time) with
-/// the requests of its group or session that come after it.
-fn neighbour(
-    placement: &Placement,
-    out: &RunOutput,
-    workers: usize,
-    rng: &mut ChaCha8Rng,
-) -> Placement {
+/// `out`'s placement with one move: a request (half the time one of the
+/// slowest fifth, else any) goes to another worker, alone or (half the
+/// time) with the requests of its group or session that come after it.
+fn neighbour(out: &RunOutput, workers: usize, rng: &mut ChaCha8Rng) -> Placement {
     let ttft = |i: usize| {
         let r = &out.records[i];
         r.first_token_at.map_or(f64::INFINITY, |t| t - r.arrival)
@@ -218,7 +211,7 @@ fn neighbour(
     let key = out.keys[i];
     let group = out.records[i].group;
     let follow = rng.random_bool(0.5);
-    let mut next = placement.clone();
+    let mut next = placement_of(out);
     for (j, &k) in out.keys.iter().enumerate() {
         let same = k == key
             || (follow
@@ -368,7 +361,7 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let mut shapes = std::collections::BTreeSet::new();
         for _ in 0..400 {
-            let next = neighbour(&start, &out, 3, &mut rng);
+            let next = neighbour(&out, 3, &mut rng);
             let moved: Vec<RequestKey> = out
                 .keys
                 .iter()
