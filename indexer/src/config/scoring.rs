@@ -19,13 +19,15 @@ pub const DEFAULT_MAX_ENDPOINTS: u32 = 3;
 pub const DEFAULT_MAX_NUM_SEQS: u32 = 256;
 pub const DEFAULT_KV_FULL_THRESHOLD: f64 = 0.95;
 pub const DEFAULT_TIE_RATIO: f64 = 0.05;
-/// The prefill of a placement counts as delaying half of the mean backlog:
-/// enough that a warm worker keeps a group's traffic near saturation, little
+/// The prefill of a placement counts as delaying the mean backlog: enough
+/// that a holder keeps its group's traffic through the queues that come and
+/// go at capacity (0.5 let them move groups, each move prefilled a prefix
+/// again and `--groups 30` at 180 rpm fell behind its arrivals), little
 /// enough that past saturation a worker given too many groups loses the
 /// excess instead of holding it while its queue grows (2.0 collapsed
-/// throughput to ~130 of ~180 rpm: `sim/BENCHMARKS-DIARY.md`, "4 Dec: no
-/// collapse past capacity").
-pub const DEFAULT_CONGESTION_WEIGHT: f64 = 0.5;
+/// throughput to ~130 of ~180 rpm). `sim/BENCHMARKS-DIARY.md`, "4 Dec: no
+/// collapse past capacity" and "6 Dec: a holder keeps its group at capacity".
+pub const DEFAULT_CONGESTION_WEIGHT: f64 = 1.0;
 pub const DEFAULT_ROUTE_WINDOW_S: u64 = 60;
 pub const DEFAULT_PLACEMENT_WINDOW_S: u64 = 600;
 pub const DEFAULT_NOVEL_SPREAD: f64 = 1.0;

@@ -52,9 +52,11 @@
 //! predicted TTFT; as queues grow a cold placement must save more than the
 //! extra prefill it adds for everyone, so the cache keeps its traffic.
 //! The charge grows with the backlog, without bound past saturation, so
-//! the weight is small (0.5): with 2 a worker that took one group too many
+//! the weight is moderate (1): with 2 a worker that took one group too many
 //! at the start kept it however long its queue grew, and the cluster's
-//! throughput fell to that worker's.
+//! throughput fell to that worker's; with 0.5 the queues that come and go
+//! at capacity moved groups, each move prefilled a prefix again, and the
+//! cluster fell behind its arrivals.
 //! `ttft_ms` stays this request's own prediction (reported, calibrated).
 //!
 //! `again` is a prefix another candidate holds that this one would prefill
@@ -905,8 +907,13 @@ mod tests {
             ..cfg()
         };
         let default = weight(DEFAULT_CONGESTION_WEIGHT);
-        assert_eq!(choice_with(&default, &views(4)), 0);
-        assert_ne!(choice_with(&default, &views(8)), 0);
+        assert_eq!(choice_with(&default, &views(8)), 0);
+        for queued in [16, 64, 1_000] {
+            assert_ne!(choice_with(&default, &views(queued)), 0, "{queued} queued");
+        }
+        // Half the weight moves it sooner: a queue that comes and goes at
+        // capacity already moves the group (a prefix prefilled again).
+        assert_ne!(choice_with(&weight(0.5), &views(8)), 0);
         for queued in [8, 64, 1_000] {
             assert_eq!(choice_with(&weight(2.0), &views(queued)), 0);
         }
