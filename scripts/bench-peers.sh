@@ -8,7 +8,7 @@
 # at the client (`kvsteer-bench --live --chat`).
 #
 #   scripts/bench-peers.sh [--quick] [--workloads LIST] [--targets LIST] [--rounds N] [--records] [--out DIR]
-#   scripts/bench-peers.sh --overhead [--targets LIST] [--rounds N]
+#   scripts/bench-peers.sh --overhead [--prompt-tokens N] [--targets LIST] [--rounds N]
 #
 # Without --quick: three workloads (shared-prefix, mixed, multi-turn; or the
 # comma-separated LIST of them; --targets: a subset of kvsteer,
@@ -25,10 +25,10 @@
 # run inherits what a router learned in the runs before it.
 # --overhead: the latency each router adds at light load, against the same
 # request sent straight to a worker (workers with a near-zero step time,
-# `kvsteer-bench overhead`, 1,000-token chat prompts, 10 requests/s); with
-# --rounds N the targets take turns N times (runs drift by as much as the
-# routers differ, so compare targets within a round) and a summary of every
-# round's added p50 ends the output.
+# `kvsteer-bench overhead`, 1,000-token chat prompts or --prompt-tokens N,
+# 10 requests/s); with --rounds N the targets take turns N times (runs drift
+# by as much as the routers differ, so compare targets within a round) and a
+# summary of every round's added p50 ends the output.
 # Routers install into .cache/peers/ (own venvs, ~150 MB each, no torch).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -39,6 +39,7 @@ VLLM_ROUTER_VERSION=0.1.17
 OUT=sim/benchmarks/peers
 QUICK=0
 OVERHEAD=0
+OVERHEAD_TOKENS=1000
 WORKLOADS=shared-prefix,mixed,multi-turn
 ONLY_TARGETS=
 ROUNDS=1
@@ -48,16 +49,21 @@ while [ $# -gt 0 ]; do
   case $1 in
     --quick) QUICK=1 ;;
     --overhead) OVERHEAD=1 ;;
+    --prompt-tokens) OVERHEAD_TOKENS=$2; shift ;;
     --out) OUT=$2; shift ;;
     --workloads) WORKLOADS=$2; shift ;;
     --targets) ONLY_TARGETS=$2; shift ;;
     --rounds) ROUNDS=$2; shift ;;
     --records) RECORDS=1 ;;
     --restart) RESTART=1 ;;
-    *) die "unknown argument $1 (usage: scripts/bench-peers.sh [--quick] [--workloads LIST] [--targets LIST] [--rounds N] [--records] [--out DIR] | --overhead [--targets LIST] [--rounds N])" ;;
+    *) die "unknown argument $1 (usage: scripts/bench-peers.sh [--quick] [--workloads LIST] [--targets LIST] [--rounds N] [--records] [--out DIR] | --overhead [--prompt-tokens N] [--targets LIST] [--rounds N])" ;;
   esac
   shift
 done
+case $OVERHEAD_TOKENS in
+  '' | *[!0-9]* | 0) die "--prompt-tokens takes a positive number of tokens, not '$OVERHEAD_TOKENS'" ;;
+esac
+[ "$OVERHEAD" = 1 ] || [ "$OVERHEAD_TOKENS" = 1000 ] || die "--prompt-tokens goes with --overhead"
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "--rounds takes a whole number of at least 1, not '$ROUNDS'"
 
 # The workers: three, L40S profile with a 27B FP8 model, compressed in time
@@ -188,7 +194,7 @@ if [ "$OVERHEAD" = 1 ]; then
       # to is not truncated each round) and kept for the summary; a failed
       # run stops the script, as a failed target should.
       out=$("$KVSTEER_BIN/kvsteer-bench" overhead --kvsteer "${t#*=}" --baseline "${WORKERS[0]}" \
-        --model "$KVSTEER_MODEL" --prompt-tokens 1000 --rate 10 --requests 300 | tee -a /dev/stderr)
+        --model "$KVSTEER_MODEL" --prompt-tokens "$OVERHEAD_TOKENS" --rate 10 --requests 300 | tee -a /dev/stderr)
       # The table row: rate, tokens, then p50/p99 through it, direct, added.
       summary+=("$(awk -v r="$round" -v n="${t%%=*}" '$1 ~ /^[0-9.]+$/ && NF >= 13 {
         printf "round %s  %-20s added p50 %s ms  p99 %s ms  failed %s\n", r, n, $11, $13, $15 }' <<<"$out")")
