@@ -60,9 +60,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case $OVERHEAD_TOKENS in
-  '' | *[!0-9]* | 0) die "--prompt-tokens takes a positive number of tokens, not '$OVERHEAD_TOKENS'" ;;
-esac
+[[ $OVERHEAD_TOKENS =~ ^[1-9][0-9]*$ ]] || die "--prompt-tokens takes a positive number of tokens, not '$OVERHEAD_TOKENS'"
 [ "$OVERHEAD" = 1 ] || [ "$OVERHEAD_TOKENS" = 1000 ] || die "--prompt-tokens goes with --overhead"
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "--rounds takes a whole number of at least 1, not '$ROUNDS'"
 
