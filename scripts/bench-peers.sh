@@ -39,7 +39,7 @@ VLLM_ROUTER_VERSION=0.1.17
 OUT=sim/benchmarks/peers
 QUICK=0
 OVERHEAD=0
-OVERHEAD_TOKENS=1000
+OVERHEAD_TOKENS=
 WORKLOADS=shared-prefix,mixed,multi-turn
 ONLY_TARGETS=
 ROUNDS=1
@@ -60,8 +60,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[[ $OVERHEAD_TOKENS =~ ^[1-9][0-9]*$ ]] || die "--prompt-tokens takes a positive number of tokens, not '$OVERHEAD_TOKENS'"
-[ "$OVERHEAD" = 1 ] || [ "$OVERHEAD_TOKENS" = 1000 ] || die "--prompt-tokens goes with --overhead"
+if [ -n "$OVERHEAD_TOKENS" ]; then
+  [ "$OVERHEAD" = 1 ] || die "--prompt-tokens goes with --overhead"
+  [[ $OVERHEAD_TOKENS =~ ^[1-9][0-9]*$ ]] || die "--prompt-tokens takes a positive number of tokens, not '$OVERHEAD_TOKENS'"
+fi
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "--rounds takes a whole number of at least 1, not '$ROUNDS'"
 
 # The workers: three, L40S profile with a 27B FP8 model, compressed in time
@@ -192,7 +194,7 @@ if [ "$OVERHEAD" = 1 ]; then
       # to is not truncated each round) and kept for the summary; a failed
       # run stops the script, as a failed target should.
       out=$("$KVSTEER_BIN/kvsteer-bench" overhead --kvsteer "${t#*=}" --baseline "${WORKERS[0]}" \
-        --model "$KVSTEER_MODEL" --prompt-tokens "$OVERHEAD_TOKENS" --rate 10 --requests 300 | tee -a /dev/stderr)
+        --model "$KVSTEER_MODEL" --prompt-tokens "${OVERHEAD_TOKENS:-1000}" --rate 10 --requests 300 | tee -a /dev/stderr)
       # The table row: rate, tokens, then p50/p99 through it, direct, added.
       summary+=("$(awk -v r="$round" -v n="${t%%=*}" '$1 ~ /^[0-9.]+$/ && NF >= 13 {
         printf "round %s  %-20s added p50 %s ms  p99 %s ms  failed %s\n", r, n, $11, $13, $15 }' <<<"$out")")
