@@ -9,12 +9,19 @@
 //!
 //! The engines run in real time beside the indexer and the clients on a
 //! shared machine, so the first tokens carry the HTTP exchange, the
-//! engine's tokenizing and scheduling noise: the bounds here are those
-//! that hold under it (on a 2-core machine rates have ended 20 % under the
-//! true rate and 1.3× apart). How closely calibration converges is measured
+//! engine's tokenizing and scheduling noise: the bounds here leave room
+//! for it (see the figures below). How closely calibration converges is measured
 //! in virtual time by `kvsteer-bench` (`calibrated_prefill_rates`,
 //! `prediction_error_p50_s`; `sim/BENCHMARKS.md`) and by the unit tests of
 //! `scoring::calibrate`.
+//!
+//! Each prompt (~18.7k tokens) is prefilled in one step: with a budget
+//! below it (16,384 tokens, two chunks) 2 and 6 of 36 first tokens came
+//! 1.3–1.9× later than predicted, the rate of the worker they fell on was
+//! dragged down with them, and CI once failed on 28 of 36 within 20 %;
+//! in one step, 36 of 36 in each of 6 runs, each with a cargo build
+//! running beside on a 2-core machine (rates 5–7 % under the truth, within
+//! 3 % of each other).
 //!
 //! Every fifth request repeats the one before: the engine has its prompt
 //! cached, the index (no KV events here, as when they lag) does not, so
@@ -40,12 +47,13 @@ const ROUNDS: usize = 15;
 const PRIOR: f64 = 25_000.0;
 
 /// An engine with the `tiny-cpu` profile in real time, prefilling a whole
-/// prompt in one step (no chunking: one step overhead per prefill).
+/// prompt in one step (a budget above the document's tokens: no chunking,
+/// one step overhead per prefill).
 async fn sim() -> server::ServerHandle {
     for attempt in 0.. {
         let listen = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let mut engine = EngineConfig::new(TimingProfile::by_name("tiny-cpu").unwrap());
-        engine.max_num_batched_tokens = 16_384;
+        engine.max_num_batched_tokens = 32_768;
         let started = server::ServerHandle::start(server::ServerConfig {
             listen,
             served_model_name: MODEL.into(),
@@ -85,8 +93,14 @@ fn request(nonce: &str, document: &str) -> Value {
 
 /// Streams `body` to `endpoint`, reporting the first chunk that carries
 /// generated text as a measured first token, then done. Returns the
-/// prompt tokens the engine had cached.
-async fn run(router: &mut Router, http: &Admin, id: &str, endpoint: &str, body: &Value) -> u64 {
+/// prompt tokens the engine had cached and the first token's milliseconds.
+async fn run(
+    router: &mut Router,
+    http: &Admin,
+    id: &str,
+    endpoint: &str,
+    body: &Value,
+) -> (u64, f64) {
     let req = http::Request::post(format!("http://{endpoint}/v1/chat/completions"))
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body.to_string())))
@@ -121,8 +135,8 @@ async fn run(router: &mut Router, http: &Admin, id: &str, endpoint: &str, body: 
     }
     let e2e = start.elapsed().as_secs_f64() * 1000.0;
     report(router, id, pb::ReportKind::Done, e2e).await;
-    assert!(ttft.is_some(), "a chunk with generated text");
-    cached.expect("usage")
+    let ttft = ttft.expect("a chunk with generated text");
+    (cached.expect("usage"), ttft)
 }
 
 async fn report(router: &mut Router, id: &str, kind: pb::ReportKind, elapsed_ms: f64) {
@@ -140,10 +154,13 @@ async fn report(router: &mut Router, id: &str, kind: pb::ReportKind, elapsed_ms:
 }
 
 /// One request as sent.
+#[derive(Debug)]
 struct Sent {
     worker: String,
     repeat: bool,
     cached_tokens: u64,
+    predicted_ms: f64,
+    observed_ms: f64,
 }
 
 /// `ROUNDS` requests in sequence: pick, stream, report; every fifth one
@@ -165,17 +182,21 @@ async fn client_loop(mut router: Router, http: Admin, phase: &str, lane: usize) 
             .into_inner();
         let d = picked.decision.expect("decision");
         assert!(!d.degraded, "{d:?}");
-        let cached_tokens = run(&mut router, &http, &id, &picked.endpoints[0], &body).await;
+        let (cached_tokens, observed_ms) =
+            run(&mut router, &http, &id, &picked.endpoints[0], &body).await;
         sent.push(Sent {
             worker: d.worker,
             repeat,
             cached_tokens,
+            predicted_ms: d.predicted_ttft_ms,
+            observed_ms,
         });
     }
     sent
 }
 
-/// ~9k tokens of text.
+/// ~18.7k tokens of text (a prefill of about half a second at the
+/// profile's rate).
 fn document() -> String {
     (0..2_200)
         .map(|i| format!("Paragraph {i} says little. "))
@@ -307,11 +328,11 @@ workers:
     let (min, max) = rates
         .iter()
         .fold((f64::MAX, 0.0_f64), |(a, b), &r| (a.min(r), b.max(r)));
-    assert!(max / min < 1.5, "rates {rates:?}");
+    assert!(max / min < 1.2, "rates {rates:?}");
 
     // Calibrated: the second phase's predictions of fresh prompts are
     // within 20 % of what was observed (observed / predicted in
-    // (0.8, 1.25]) for at least 80 % of them (31–34 of 36 measured).
+    // (0.8, 1.25]) for at least 80 % of them (36 of 36 measured).
     assert_eq!(count - warm_count, (WORKERS * ROUNDS) as f64);
     let fresh = placed[WORKERS * ROUNDS..]
         .iter()
@@ -321,6 +342,17 @@ workers:
     let within = |b: &[f64]| b[at(1.25)] - b[at(0.8)];
     let late = within(&buckets) - within(&warm_buckets);
     eprintln!("{late} of {fresh} calibrated predictions within 20 %");
+    for s in &placed[WORKERS * ROUNDS..] {
+        eprintln!(
+            "{} repeat={} cached={} predicted {:.0} ms observed {:.0} ms ratio {:.2}",
+            s.worker,
+            s.repeat,
+            s.cached_tokens,
+            s.predicted_ms,
+            s.observed_ms,
+            s.observed_ms / s.predicted_ms
+        );
+    }
     assert!(
         late >= 0.8 * fresh,
         "{late} of {fresh} within 20 %: warm {warm_buckets:?}, all {buckets:?}"
