@@ -508,6 +508,63 @@ mod tests {
         assert_eq!(held(&b, 60), vec![0]);
     }
 
+    /// Each worker's leading run of `chain` (any tier, and on the GPU),
+    /// key by key: what the walk must find.
+    fn runs(held: &[Vec<Option<Tier>>]) -> Vec<WorkerMatch> {
+        held.iter()
+            .enumerate()
+            .filter(|(_, tiers)| tiers.first().is_some_and(Option::is_some))
+            .map(|(w, tiers)| WorkerMatch {
+                worker: w as WorkerId,
+                cpu_blocks: tiers.iter().take_while(|t| t.is_some()).count() as u32,
+                gpu_blocks: tiers.iter().take_while(|t| **t == Some(Tier::Gpu)).count() as u32,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn long_walks_match_each_workers_leading_run() {
+        use rand::{Rng, SeedableRng, rngs::SmallRng};
+        let mut rng = SmallRng::seed_from_u64(3);
+        for shards in [1, 8, 64] {
+            for round in 0..200u64 {
+                let b = MemoryBackend::with_shards(1 << 16, shards);
+                let len = rng.random_range(1..120);
+                let chain: Vec<u64> = (0..len).map(|i| round * 1_000 + i).collect();
+                // Per worker, per key: held on which tier, if at all (runs
+                // of every length, a GPU run inside each).
+                let held: Vec<Vec<Option<Tier>>> = (0..4)
+                    .map(|_| {
+                        let run = rng.random_range(0..=len);
+                        let gpu = rng.random_range(0..=run);
+                        (0..len)
+                            .map(|i| match i {
+                                i if i < gpu => Some(Tier::Gpu),
+                                i if i < run => Some(Tier::Cpu),
+                                // Held past a gap: must not count.
+                                _ => rng.random_bool(0.2).then_some(Tier::Gpu),
+                            })
+                            .collect()
+                    })
+                    .collect();
+                for (w, tiers) in held.iter().enumerate() {
+                    let ops: Vec<KeyOp> = chain
+                        .iter()
+                        .zip(tiers)
+                        .filter_map(|(i, t)| t.map(|t| KeyOp::Add(k(*i), t)))
+                        .collect();
+                    b.apply_sync(w as WorkerId, &ops);
+                }
+                let keys: Vec<BlockKey> = chain.iter().map(|i| k(*i)).collect();
+                assert_eq!(
+                    b.lookup_sync(&keys),
+                    runs(&held),
+                    "{shards} shards, {len} keys"
+                );
+            }
+        }
+    }
+
     #[test]
     fn entry_sizes_stay_small() {
         // Documented in README.md: 32-byte buckets, 8-byte holders.
