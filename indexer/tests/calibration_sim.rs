@@ -17,7 +17,7 @@
 //!
 //! Each prompt (~18.7k tokens) is prefilled in one step: with a budget
 //! below it (16,384 tokens, two chunks) 2 and 6 of 36 first tokens came
-//! 1.3–1.9× later than predicted, the rate of the worker they fell on was
+//! 1.27–1.86× later than predicted, the rate of the worker they fell on was
 //! dragged down with them, and CI once failed on 28 of 36 within 20 %;
 //! in one step, 36 of 36 in each of 6 runs, each with a cargo build
 //! running beside on a 2-core machine (rates 5–7 % under the truth, within
