@@ -2,7 +2,7 @@ import json,math
 def load(f):
     d=json.load(open(f)); return {(r['policy'],r['rate_per_min']):r for r in d['runs']}
 for wl in ['mixed','multi','shared']:
-  for s in ['default','ns0','ns05']:
+  for s in ['default','ns0','ns05','idle']:
     ratios=[]
     for seed in range(1,11):
         base=load(f'sim/benchmarks/seeds/novel-spread-2026-12-06/{wl}-default-{seed}.json'); rates=sorted({r for (p,r) in base})

@@ -1,7 +1,7 @@
 import json,glob,collections,statistics as st
 def load(f):
     d=json.load(open(f)); return {(r['policy'],r['rate_per_min']):r for r in d['runs']}
-settings=['default','ns0','ns05']
+settings=['default','ns0','ns05','idle']
 res=collections.defaultdict(lambda: collections.Counter())
 detail=collections.defaultdict(list)
 for wl in ['mixed','shared','multi']:
