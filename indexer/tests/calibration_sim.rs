@@ -19,9 +19,9 @@
 //! below it (16,384 tokens, two chunks) 2 and 6 of 36 first tokens came
 //! 1.27–1.86× later than predicted, the rate of the worker they fell on was
 //! dragged down with them, and CI once failed on 28 of 36 within 20 %;
-//! in one step, 36 of 36 in each of 6 runs, each with a cargo build
-//! running beside on a 2-core machine (rates 5–7 % under the truth, within
-//! 3 % of each other).
+//! in one step, 36 of 36 in each of 7 runs on a 2-core machine (6 with a
+//! cargo build beside, 3 with the client loops started apart, which changed
+//! nothing; rates 4–10 % under the truth, at most 6 % apart).
 //!
 //! Every fifth request repeats the one before: the engine has its prompt
 //! cached, the index (no KV events here, as when they lag) does not, so

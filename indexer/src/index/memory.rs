@@ -529,7 +529,7 @@ mod tests {
         for shards in [1, 8, 64] {
             for round in 0..200u64 {
                 let b = MemoryBackend::with_shards(1 << 16, shards);
-                let len = rng.random_range(1..120);
+                let len = rng.random_range(1..=120);
                 let chain: Vec<u64> = (0..len).map(|i| round * 1_000 + i).collect();
                 // Per worker, per key: held on which tier, if at all (runs
                 // of every length, a GPU run inside each).
