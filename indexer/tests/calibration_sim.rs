@@ -154,7 +154,6 @@ async fn report(router: &mut Router, id: &str, kind: pb::ReportKind, elapsed_ms:
 }
 
 /// One request as sent.
-#[derive(Debug)]
 struct Sent {
     worker: String,
     repeat: bool,
