@@ -10,8 +10,8 @@
 //! so it also receives and counts every answer.
 //!
 //! The queue is bounded; a report that does not fit is counted as failed. A
-//! DONE queued while the same pick's FIRST_TOKEN is still waiting absorbs it
-//! (`first_token_ms`), so the two never race as separate calls.
+//! DONE queued while the same pick's FIRST_TOKEN is still waiting takes its
+//! place (it carries the same time as `first_token_ms`): one call, not two.
 
 use std::collections::VecDeque;
 
@@ -80,11 +80,11 @@ impl Outbox {
         self.queue.drain(..)
     }
 
-    /// A DONE without a first token replaces the same pick's waiting
-    /// FIRST_TOKEN, taking over its time and whether it was measured.
-    /// Returns the report when it was not absorbed.
+    /// A DONE replaces the same pick's waiting FIRST_TOKEN; one without a
+    /// first token of its own takes over its time and whether it was
+    /// measured. Returns the report when it was not absorbed.
     fn absorb_first_token(&mut self, mut done: ReportRequest) -> Option<ReportRequest> {
-        if done.kind != ReportKind::Done as i32 || done.first_token_ms.is_some() {
+        if done.kind != ReportKind::Done as i32 {
             return Some(done);
         }
         let Some(at) = self.queue.iter().position(|r| {
@@ -93,8 +93,10 @@ impl Outbox {
             return Some(done);
         };
         let first = &self.queue[at];
-        done.first_token_ms = Some(first.elapsed_ms);
-        done.ttft_measured = first.ttft_measured;
+        if done.first_token_ms.is_none() {
+            done.first_token_ms = Some(first.elapsed_ms);
+            done.ttft_measured = first.ttft_measured;
+        }
         self.queue[at] = done;
         None
     }
@@ -155,13 +157,21 @@ mod tests {
             o.push(report("a", ReportKind::Cancelled, 50.0)),
             Queued::Behind
         );
-        // A DONE that already carries its first token is not merged again.
+    }
+
+    #[test]
+    fn a_done_with_its_own_first_token_keeps_it() {
         let mut o = Outbox::default();
         o.push(report("a", ReportKind::FirstToken, 40.0));
         let mut done = report("a", ReportKind::Done, 60.0);
-        done.first_token_ms = Some(1.0);
-        assert_eq!(o.push(done), Queued::Behind);
-        assert_eq!(o.len(), 2);
+        done.first_token_ms = Some(40.0);
+        done.ttft_measured = true;
+        assert_eq!(o.push(done), Queued::Merged);
+        let sent: Vec<ReportRequest> = o.drain().collect();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].kind, ReportKind::Done as i32);
+        assert_eq!(sent[0].first_token_ms, Some(40.0));
+        assert!(sent[0].ttft_measured);
     }
 
     #[test]

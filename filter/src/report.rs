@@ -14,7 +14,9 @@
 //! pick) gets exactly one; no FIRST_TOKEN after the terminal report. A
 //! response whose first output was not reported on its own by the time it
 //! ends (one chunk, or a whole JSON body) gets one DONE carrying
-//! `first_token_ms`, so the indexer never sees first token and end race.
+//! `first_token_ms`. A DONE after a FIRST_TOKEN repeats its time: the two
+//! are separate calls, which the indexer may take in either order (each
+//! runs as its own task) or lose one of, and it counts the first it gets.
 
 use kvsteer_proto::v1::{ReportKind, ReportRequest, Usage};
 
@@ -66,7 +68,7 @@ pub struct Report {
     pub kind: ReportKind,
     /// ms since forwarding to this event.
     pub elapsed_ms: f64,
-    /// DONE only: the first token, when no FIRST_TOKEN report was sent.
+    /// DONE only: the first token (also when a FIRST_TOKEN report said so).
     pub first_token_ms: Option<f64>,
     /// `elapsed_ms` (FIRST_TOKEN) or `first_token_ms` (DONE) is a measured TTFT.
     pub ttft_measured: bool,
@@ -162,21 +164,19 @@ impl ReportTracker {
         })
     }
 
-    /// The response reached its end of stream at `at_ms`.
+    /// The response reached its end of stream at `at_ms`. Its DONE carries
+    /// the first token, whether or not it was reported alone.
     pub fn end(&mut self, at_ms: f64) -> Option<Report> {
         if !self.wants_response() {
             return None;
         }
-        let unsent_first_token = self.state == ReportState::Picked;
         let mut report = self.finish(ReportKind::Done, at_ms)?;
-        if unsent_first_token {
-            let (first_ms, measured) = match self.first_output {
-                Some(first) => (first.at_ms, first.measured),
-                None => (self.first_bytes_ms.unwrap_or(at_ms), false),
-            };
-            report.first_token_ms = Some(first_ms);
-            report.ttft_measured = measured;
-        }
+        let (first_ms, measured) = match self.first_output {
+            Some(first) => (first.at_ms, first.measured),
+            None => (self.first_bytes_ms.unwrap_or(at_ms), false),
+        };
+        report.first_token_ms = Some(first_ms);
+        report.ttft_measured = measured;
         Some(report)
     }
 

@@ -71,8 +71,32 @@ impl Drop for Reserved {
 /// future is dropped (its caller went away), or returns past its deadline.
 struct Abandon<'a> {
     metrics: &'a Metrics,
-    deadline: Option<Instant>,
+    deadline: Option<Deadline>,
     armed: bool,
+}
+
+/// When a pick's caller stops waiting for it.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline {
+    /// Past this, the pick is not committed.
+    at: Instant,
+    /// A caller gone from here on went for its deadline: its clock started
+    /// before ours (the call crossed the wire and was decoded first), and
+    /// tonic's own timer, counted from the headers, drops the handler
+    /// before `at`. The last tenth of the timeout, as the filter counts a
+    /// failure that late as a timeout.
+    late_from: Instant,
+}
+
+impl Deadline {
+    /// A deadline `timeout` from now.
+    pub fn after(timeout: Duration) -> Self {
+        let now = Instant::now();
+        Self {
+            at: now + timeout,
+            late_from: now + timeout.mul_f64(0.9),
+        }
+    }
 }
 
 // === impl RouterService ===
@@ -111,7 +135,7 @@ impl RouterService {
     pub(crate) async fn answer(
         &self,
         req: pb::PickRequest,
-        deadline: Option<Instant>,
+        deadline: Option<Deadline>,
     ) -> Result<pb::PickResponse, Status> {
         let abandon = Abandon::new(self.picker.metrics(), deadline);
         let tenancy = self.tenancy.clone();
@@ -270,7 +294,7 @@ pub fn grpc_timeout(metadata: &MetadataMap) -> Option<Duration> {
 // === impl Abandon ===
 
 impl<'a> Abandon<'a> {
-    fn new(metrics: &'a Metrics, deadline: Option<Instant>) -> Self {
+    fn new(metrics: &'a Metrics, deadline: Option<Deadline>) -> Self {
         Self {
             metrics,
             deadline,
@@ -279,7 +303,12 @@ impl<'a> Abandon<'a> {
     }
 
     fn expired(&self) -> bool {
-        self.deadline.is_some_and(|d| Instant::now() >= d)
+        self.deadline.is_some_and(|d| Instant::now() >= d.at)
+    }
+
+    /// Whether a caller gone now went for its deadline.
+    fn late(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d.late_from)
     }
 
     fn disarm(mut self) {
@@ -292,11 +321,7 @@ impl Drop for Abandon<'_> {
         if !self.armed {
             return;
         }
-        let reason = if self.expired() {
-            "deadline"
-        } else {
-            "cancelled"
-        };
+        let reason = if self.late() { "deadline" } else { "cancelled" };
         self.metrics
             .pick_abandoned
             .get_or_create(&AbandonLabels { reason })
@@ -313,7 +338,7 @@ impl Router for RouterService {
     ) -> Result<Response<pb::PickResponse>, Status> {
         // From here: the body is in, so the caller's clock started a little
         // earlier (tonic's own timeout counts from the headers).
-        let deadline = grpc_timeout(request.metadata()).map(|t| Instant::now() + t);
+        let deadline = grpc_timeout(request.metadata()).map(Deadline::after);
         self.answer(request.into_inner(), deadline)
             .await
             .map(Response::new)
@@ -405,5 +430,44 @@ mod tests {
             assert_eq!(timeout(bad), None, "{bad:?}");
         }
         assert_eq!(grpc_timeout(&MetadataMap::new()), None);
+    }
+
+    /// Abandoned picks by reason, after dropping one armed `Abandon` with
+    /// each deadline.
+    fn abandoned(deadlines: &[Option<Deadline>]) -> (u64, u64) {
+        let metrics = Metrics::new(&mut prometheus_client::registry::Registry::default(), &[]);
+        for d in deadlines {
+            drop(Abandon::new(&metrics, *d));
+        }
+        Abandon::new(&metrics, None).disarm();
+        let count = |reason| {
+            metrics
+                .pick_abandoned
+                .get_or_create(&AbandonLabels { reason })
+                .get()
+        };
+        (count("deadline"), count("cancelled"))
+    }
+
+    #[test]
+    fn a_caller_gone_in_the_last_tenth_of_its_timeout_went_for_its_deadline() {
+        let now = Instant::now();
+        let hour = Duration::from_secs(3600);
+        let (passed, late, early) = (
+            Deadline {
+                at: now,
+                late_from: now,
+            },
+            // Its clock started before ours: gone before `at`, after `late_from`.
+            Deadline {
+                at: now + hour,
+                late_from: now,
+            },
+            Deadline::after(hour),
+        );
+        assert_eq!(abandoned(&[Some(passed), Some(late)]), (2, 0));
+        assert_eq!(abandoned(&[Some(early), None]), (0, 2));
+        let d = Deadline::after(Duration::from_millis(200));
+        assert_eq!(d.at - d.late_from, Duration::from_millis(20));
     }
 }

@@ -347,6 +347,50 @@ async fn done_with_its_first_token_releases_and_calibrates_only_when_measured() 
     s.running.shutdown().await;
 }
 
+/// The filter's DONE repeats a first token it reported alone: the two are
+/// separate calls, handled in either order. Each request is one observed
+/// TTFT, its first report's, and a first token after its DONE is unmatched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_token_and_its_done_count_once_in_either_order() {
+    let s = start().await;
+    let mut client = s.client.clone();
+    for id in ["in-order", "overtaken"] {
+        client.pick(pick(id, 0)).await.expect("pick");
+    }
+    let first = |id: &str| pb::ReportRequest {
+        elapsed_ms: 50.0,
+        ttft_measured: true,
+        ..report(id, pb::ReportKind::FirstToken)
+    };
+    let done = |id: &str| pb::ReportRequest {
+        elapsed_ms: 300.0,
+        first_token_ms: Some(50.0),
+        ttft_measured: true,
+        ..report(id, pb::ReportKind::Done)
+    };
+    client.report(first("in-order")).await.expect("report");
+    client.report(done("in-order")).await.expect("report");
+    client.report(done("overtaken")).await.expect("report");
+    client.report(first("overtaken")).await.expect("report");
+    assert_eq!(s.load().await, (0, 0, 0));
+    assert_eq!(
+        s.metric("kvsteer_observed_ttft_seconds_count{tenant=\"other\"}")
+            .await,
+        2.0
+    );
+    assert_eq!(
+        s.metric("kvsteer_observed_ttft_seconds_sum{tenant=\"other\"}")
+            .await,
+        0.1
+    );
+    assert_eq!(
+        s.metric("kvsteer_reports_unmatched_total{kind=\"first_token\"}")
+            .await,
+        1.0
+    );
+    s.running.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pick_without_a_model_uses_the_only_one_served() {
     let s = start().await;

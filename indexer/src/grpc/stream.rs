@@ -15,12 +15,9 @@
 //! An aborted task is a dropped handler future: nothing is committed, the
 //! pick is counted abandoned, as when a unary call is reset.
 
-use super::RouterService;
+use super::{Deadline, RouterService};
 use kvsteer_proto::v1::{self as pb, pick_stream_request::Kind};
-use std::{
-    collections::HashMap,
-    time::{Duration, Instant},
-};
+use std::{collections::HashMap, time::Duration};
 use tokio::{
     sync::{mpsc, watch},
     task::{self, AbortHandle, JoinSet},
@@ -115,7 +112,7 @@ impl Picks {
                     return;
                 }
                 let deadline = (message.timeout_ms > 0)
-                    .then(|| Instant::now() + Duration::from_millis(message.timeout_ms.into()));
+                    .then(|| Deadline::after(Duration::from_millis(message.timeout_ms.into())));
                 let (service, tx, task_id) = (service.clone(), tx.clone(), id.clone());
                 let handle = self.tasks.spawn(async move {
                     match service.answer(pick, deadline).await {

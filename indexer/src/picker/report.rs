@@ -5,9 +5,11 @@
 //!
 //! Only measured first tokens calibrate: a whole (non-streamed) response's
 //! first bytes come with its end, and its time says nothing about the
-//! prefill. A `done` without a first token before it counts as both; when
-//! it carries `first_token_ms` (a single-chunk response the filter reported
-//! once), that is its time to first token.
+//! prefill. A `done` without a first token before it counts as both; its
+//! `first_token_ms` is that first token. The filter puts it on every done,
+//! also after a first token reported alone, so a done that overtakes its
+//! first-token report (separate calls, separate tasks) or outlives a lost
+//! one still counts it, once; a first token after its done is unmatched.
 
 use crate::{
     ledger::{Entry, Finished},
