@@ -10,8 +10,9 @@
 //! so it also receives and counts every answer.
 //!
 //! The queue is bounded; a report that does not fit is counted as failed. A
-//! DONE queued while the same pick's FIRST_TOKEN is still waiting takes its
-//! place (it carries the same time as `first_token_ms`): one call, not two.
+//! DONE or CANCELLED queued while the same pick's FIRST_TOKEN is still
+//! waiting takes its place (it carries the same time as `first_token_ms`):
+//! one call, not two.
 
 use std::collections::VecDeque;
 
@@ -80,11 +81,13 @@ impl Outbox {
         self.queue.drain(..)
     }
 
-    /// A DONE replaces the same pick's waiting FIRST_TOKEN; one without a
-    /// first token of its own takes over its time and whether it was
-    /// measured. Returns the report when it was not absorbed.
+    /// A terminal report replaces the same pick's waiting FIRST_TOKEN; one
+    /// without a first token of its own (the filter always sets it; this
+    /// keeps the sample for any other sender) takes over its time and
+    /// whether it was measured. Returns the report when it was not absorbed.
     fn absorb_first_token(&mut self, mut done: ReportRequest) -> Option<ReportRequest> {
-        if done.kind != ReportKind::Done as i32 {
+        let end = [ReportKind::Done as i32, ReportKind::Cancelled as i32];
+        if !end.contains(&done.kind) {
             return Some(done);
         }
         let Some(at) = self.queue.iter().position(|r| {
@@ -149,12 +152,25 @@ mod tests {
     }
 
     #[test]
-    fn other_reports_do_not_merge() {
+    fn a_cancel_absorbs_the_waiting_first_token_too() {
         let mut o = Outbox::default();
-        o.push(report("a", ReportKind::FirstToken, 40.0));
-        // A cancel keeps the first token (a real sample) ahead of it.
+        let mut first = report("a", ReportKind::FirstToken, 40.0);
+        first.ttft_measured = true;
+        o.push(first);
         assert_eq!(
             o.push(report("a", ReportKind::Cancelled, 50.0)),
+            Queued::Merged
+        );
+        let sent: Vec<ReportRequest> = o.drain().collect();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].kind, ReportKind::Cancelled as i32);
+        assert_eq!(sent[0].first_token_ms, Some(40.0), "the sample is kept");
+        assert!(sent[0].ttft_measured);
+        // First tokens of other picks stay apart.
+        let mut o = Outbox::default();
+        o.push(report("a", ReportKind::FirstToken, 40.0));
+        assert_eq!(
+            o.push(report("b", ReportKind::Cancelled, 50.0)),
             Queued::Behind
         );
     }

@@ -14,9 +14,10 @@
 //! pick) gets exactly one; no FIRST_TOKEN after the terminal report. A
 //! response whose first output was not reported on its own by the time it
 //! ends (one chunk, or a whole JSON body) gets one DONE carrying
-//! `first_token_ms`. A DONE after a FIRST_TOKEN repeats its time: the two
-//! are separate calls, which the indexer may take in either order (each
-//! runs as its own task) or lose one of, and it counts the first it gets.
+//! `first_token_ms`. A DONE after a FIRST_TOKEN repeats its time, and so
+//! does a CANCELLED after a first output: the two are separate calls, which
+//! the indexer may take in either order (each runs as its own task) or lose
+//! one of, and it counts the first it gets.
 
 use kvsteer_proto::v1::{ReportKind, ReportRequest, Usage};
 
@@ -58,7 +59,8 @@ pub struct FirstOutput {
     /// A real time to first token: a streamed 2xx response's first output event.
     pub measured: bool,
     /// Worth a FIRST_TOKEN report of its own (streams); otherwise it only
-    /// rides on DONE (whole responses, whose first bytes come with the end).
+    /// rides on the terminal report (whole responses, whose first bytes
+    /// come with the end).
     pub alone: bool,
 }
 
@@ -68,9 +70,10 @@ pub struct Report {
     pub kind: ReportKind,
     /// ms since forwarding to this event.
     pub elapsed_ms: f64,
-    /// DONE only: the first token (also when a FIRST_TOKEN report said so).
+    /// DONE and CANCELLED only: the first token (also when a FIRST_TOKEN
+    /// report said so); a CANCELLED has one only if output was seen.
     pub first_token_ms: Option<f64>,
-    /// `elapsed_ms` (FIRST_TOKEN) or `first_token_ms` (DONE) is a measured TTFT.
+    /// `elapsed_ms` (FIRST_TOKEN) or `first_token_ms` (DONE, CANCELLED) is a measured TTFT.
     pub ttft_measured: bool,
 }
 
@@ -181,11 +184,18 @@ impl ReportTracker {
     }
 
     /// The stream went away (client reset, upstream reset, local reply)
-    /// before the response ended, or while the pick was outstanding.
+    /// before the response ended, or while the pick was outstanding. Its
+    /// CANCELLED carries the first output, if one was seen.
     pub fn close(&mut self, at_ms: f64) -> Option<Report> {
         match self.state {
             ReportState::Pending | ReportState::Picked | ReportState::FirstTokenSent => {
-                self.finish(ReportKind::Cancelled, at_ms)
+                let first = self.first_output;
+                let mut report = self.finish(ReportKind::Cancelled, at_ms)?;
+                if let Some(first) = first {
+                    report.first_token_ms = Some(first.at_ms);
+                    report.ttft_measured = first.measured;
+                }
+                Some(report)
             }
             ReportState::Idle | ReportState::Unchosen | ReportState::Finished => None,
         }
@@ -205,7 +215,8 @@ impl ReportTracker {
     }
 }
 
-/// Builds the wire report. `usage` is only sent with DONE.
+/// Builds the wire report. `usage` is only sent with DONE,
+/// `first_token_ms` with a terminal report.
 pub fn report_request(
     pick_id: &str,
     report: &Report,
@@ -213,10 +224,10 @@ pub fn report_request(
     usage: Option<Usage>,
 ) -> ReportRequest {
     let done = report.kind == ReportKind::Done;
-    let first_token_ms = if done {
-        report.first_token_ms.map(non_negative)
-    } else {
+    let first_token_ms = if report.kind == ReportKind::FirstToken {
         None
+    } else {
+        report.first_token_ms.map(non_negative)
     };
     ReportRequest {
         request_id: pick_id.to_owned(),

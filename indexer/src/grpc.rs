@@ -380,10 +380,10 @@ impl Router for RouterService {
             kind,
             elapsed_ms: r.elapsed_ms,
             ttft_measured: r.ttft_measured,
-            first_token_ms: if kind == ReportKind::Done {
-                r.first_token_ms
-            } else {
+            first_token_ms: if kind == ReportKind::FirstToken {
                 None
+            } else {
+                r.first_token_ms
             },
         };
         self.picker.report(&report, Instant::now());

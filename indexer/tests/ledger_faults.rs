@@ -347,14 +347,15 @@ async fn done_with_its_first_token_releases_and_calibrates_only_when_measured() 
     s.running.shutdown().await;
 }
 
-/// The filter's DONE repeats a first token it reported alone: the two are
-/// separate calls, handled in either order. Each request is one observed
-/// TTFT, its first report's, and a first token after its DONE is unmatched.
+/// The filter's DONE (or CANCELLED after output) repeats a first token it
+/// reported alone: the two are separate calls, handled in either order.
+/// Each request is one observed TTFT, its first report's, and a first
+/// token after its end is unmatched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_first_token_and_its_done_count_once_in_either_order() {
+async fn a_first_token_and_its_end_count_once_in_either_order() {
     let s = start().await;
     let mut client = s.client.clone();
-    for id in ["in-order", "overtaken"] {
+    for id in ["in-order", "overtaken", "cancelled"] {
         client.pick(pick(id, 0)).await.expect("pick");
     }
     let first = |id: &str| pb::ReportRequest {
@@ -372,21 +373,26 @@ async fn a_first_token_and_its_done_count_once_in_either_order() {
     client.report(done("in-order")).await.expect("report");
     client.report(done("overtaken")).await.expect("report");
     client.report(first("overtaken")).await.expect("report");
+    let cancel = pb::ReportRequest {
+        kind: pb::ReportKind::Cancelled as i32,
+        ..done("cancelled")
+    };
+    client.report(cancel).await.expect("report");
+    client.report(first("cancelled")).await.expect("report");
     assert_eq!(s.load().await, (0, 0, 0));
     assert_eq!(
         s.metric("kvsteer_observed_ttft_seconds_count{tenant=\"other\"}")
             .await,
-        2.0
+        3.0
     );
-    assert_eq!(
-        s.metric("kvsteer_observed_ttft_seconds_sum{tenant=\"other\"}")
-            .await,
-        0.1
-    );
+    let sum = s
+        .metric("kvsteer_observed_ttft_seconds_sum{tenant=\"other\"}")
+        .await;
+    assert!((sum - 0.15).abs() < 1e-9, "{sum}");
     assert_eq!(
         s.metric("kvsteer_reports_unmatched_total{kind=\"first_token\"}")
             .await,
-        1.0
+        2.0
     );
     s.running.shutdown().await;
 }

@@ -445,7 +445,7 @@ impl Exchange {
         found
     }
 
-    /// The response ended: DONE (with the first token when it was not
+    /// The response ended: DONE, with its first token (also when it was
     /// reported on its own).
     fn end(&mut self) {
         let report = self.tracker.end(self.elapsed_ms());

@@ -134,11 +134,18 @@ fn early_close_is_cancelled_once() {
     let mut after_token = picked();
     after_token.output(stream_output(1.0));
     after_token.flush_first_token().expect("first token");
-    assert_eq!(
-        after_token.close(2.0).map(|r| r.kind),
-        Some(ReportKind::Cancelled)
-    );
+    let cancel = after_token.close(2.0).expect("cancel");
+    assert_eq!(cancel.kind, ReportKind::Cancelled);
+    assert_eq!(cancel.first_token_ms, Some(1.0), "repeated");
+    assert!(cancel.ttft_measured);
     assert_eq!(after_token.end(3.0), None);
+
+    // Bytes without output: no first token to tell.
+    let mut bytes_only = picked();
+    bytes_only.response_bytes(1.0);
+    let cancel = bytes_only.close(2.0).expect("cancel");
+    assert_eq!(cancel.first_token_ms, None);
+    assert!(!cancel.ttft_measured);
 }
 
 #[test]
@@ -177,7 +184,7 @@ fn report_fields() {
     let wire = report_request("p-1", &first, &facts, Some(usage));
     assert_eq!(wire.usage, None);
     assert_eq!(wire.elapsed_ms, 0.0);
-    assert_eq!(wire.first_token_ms, None, "DONE only");
+    assert_eq!(wire.first_token_ms, None, "terminal reports only");
     assert!(wire.ttft_measured);
 
     let cancel = Report {
@@ -188,6 +195,17 @@ fn report_fields() {
     };
     let wire = report_request("p-1", &cancel, &facts, None);
     assert_eq!(wire.elapsed_ms, 0.0);
+    assert_eq!(wire.first_token_ms, Some(1.0));
+    assert!(wire.ttft_measured);
+    let wire = report_request(
+        "p-1",
+        &Report {
+            first_token_ms: None,
+            ..cancel
+        },
+        &facts,
+        None,
+    );
     assert_eq!(wire.first_token_ms, None);
     assert!(!wire.ttft_measured, "nothing measured to vouch for");
 }
@@ -270,18 +288,19 @@ proptest! {
         if let Some(end) = reports.iter().position(is_terminal) {
             prop_assert_eq!(end, reports.len() - 1, "nothing after the terminal report");
         }
-        // One first token per request: a DONE after a FIRST_TOKEN repeats it.
+        // One first token per request: a terminal report after a
+        // FIRST_TOKEN repeats it.
         let alone = reports.iter().find(|r| r.kind == ReportKind::FirstToken);
-        let done = reports.iter().find(|r| r.kind == ReportKind::Done);
-        if let (Some(first), Some(done)) = (alone, done) {
-            prop_assert_eq!(done.first_token_ms, Some(first.elapsed_ms));
-            prop_assert_eq!(done.ttft_measured, first.ttft_measured);
+        let end = reports.iter().find(|r| is_terminal(r));
+        if let (Some(first), Some(end)) = (alone, end) {
+            prop_assert_eq!(end.first_token_ms, Some(first.elapsed_ms));
+            prop_assert_eq!(end.ttft_measured, first.ttft_measured);
         }
-        if let Some(done) = done {
+        if let Some(done) = reports.iter().find(|r| r.kind == ReportKind::Done) {
             prop_assert!(done.first_token_ms.is_some());
         }
-        // Only a DONE carries first_token_ms.
-        prop_assert!(reports.iter().all(|r| r.first_token_ms.is_none() || r.kind == ReportKind::Done));
+        // A FIRST_TOKEN carries its time as elapsed_ms only.
+        prop_assert!(reports.iter().all(|r| r.first_token_ms.is_none() || is_terminal(r)));
     }
 
     #[test]

@@ -5,11 +5,12 @@
 //!
 //! Only measured first tokens calibrate: a whole (non-streamed) response's
 //! first bytes come with its end, and its time says nothing about the
-//! prefill. A `done` without a first token before it counts as both; its
-//! `first_token_ms` is that first token. The filter puts it on every done,
-//! also after a first token reported alone, so a done that overtakes its
-//! first-token report (separate calls, separate tasks) or outlives a lost
-//! one still counts it, once; a first token after its done is unmatched.
+//! prefill. An end (`done` or `cancelled`) without a first token before it
+//! counts as both; its `first_token_ms` is that first token. The filter
+//! puts it on every done (and on a cancel after output), also after a
+//! first token reported alone, so an end that overtakes its first-token
+//! report (separate calls, separate tasks) or outlives a lost one still
+//! counts it, once; a first token after its end is unmatched.
 
 use crate::{
     ledger::{Entry, Finished},
@@ -35,11 +36,11 @@ pub struct Report<'a> {
     /// positive: the time since the pick stands in.
     pub elapsed_ms: f64,
     /// The time to first token (`elapsed_ms` of a first token,
-    /// `first_token_ms` of a done) was measured on a streamed, successful
+    /// `first_token_ms` of an end) was measured on a streamed, successful
     /// response: it may calibrate.
     pub ttft_measured: bool,
-    /// Done only: the first token's time when no first-token report was
-    /// sent.
+    /// Done or cancelled only: the first token's time, counted if no
+    /// first-token report came before.
     pub first_token_ms: Option<f64>,
 }
 
@@ -47,8 +48,8 @@ pub struct Report<'a> {
 enum FirstToken {
     /// The report's own `elapsed_ms`.
     Elapsed,
-    /// A done's `first_token_ms`.
-    WithDone(f64),
+    /// An end's `first_token_ms`.
+    WithEnd(f64),
 }
 
 impl ReportKind {
@@ -86,7 +87,8 @@ impl<'a> Report<'a> {
         }
     }
 
-    /// The end of a response whose first token came with it (one report).
+    /// The end of a response with its first token (reported before, or
+    /// only here).
     pub fn done_with_first_token(
         request_id: &'a str,
         elapsed_ms: f64,
@@ -134,9 +136,9 @@ impl Picker {
             ReportKind::Done | ReportKind::Cancelled => {
                 match self.ledger.finish(r.request_id, now) {
                     Finished::Closed(entry) => {
-                        let first = r.kind == ReportKind::Done && entry.first_token_at.is_none();
+                        let first = entry.first_token_at.is_none();
                         if let (true, true, Some(ms)) = (first, r.ttft_measured, r.first_token_ms) {
-                            self.observe_ttft(&entry, r, FirstToken::WithDone(ms), now);
+                            self.observe_ttft(&entry, r, FirstToken::WithEnd(ms), now);
                         }
                     }
                     Finished::Tombstoned | Finished::AlreadyTombstoned => {
@@ -204,7 +206,7 @@ impl Picker {
     fn observe_ttft(&self, entry: &Entry, r: &Report<'_>, from: FirstToken, now: Instant) {
         let measured = match from {
             FirstToken::Elapsed => r.elapsed_ms,
-            FirstToken::WithDone(ms) => ms,
+            FirstToken::WithEnd(ms) => ms,
         };
         let observed_ms = if measured.is_finite() && measured > 0.0 {
             measured

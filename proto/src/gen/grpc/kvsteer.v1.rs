@@ -266,14 +266,15 @@ pub struct ReportRequest {
     pub status: u32,
     /// True when the time to the first generated output was measured on a
     /// streamed, successful (2xx) response: `elapsed_ms` of FIRST_TOKEN, or
-    /// `first_token_ms` of DONE, is then a time to first token and may calibrate
-    /// the prediction. False for whole (non-streamed) responses, whose first
-    /// bytes arrive with the end, and for errors.
+    /// `first_token_ms` of DONE or CANCELLED, is then a time to first token and
+    /// may calibrate the prediction. False for whole (non-streamed) responses,
+    /// whose first bytes arrive with the end, and for errors.
     #[prost(bool, tag = "7")]
     pub ttft_measured: bool,
-    /// DONE only: milliseconds from forwarding to the first generated output,
-    /// set when no FIRST_TOKEN report was sent for this request (a response that
-    /// arrived in one chunk). The indexer then applies first token and end together.
+    /// DONE and CANCELLED only: milliseconds from forwarding to the first
+    /// generated output, when one was seen. The filter sets it also when it sent
+    /// a FIRST_TOKEN report: the two are separate calls, which the indexer may
+    /// handle in either order, and it counts whichever comes first.
     #[prost(double, optional, tag = "8")]
     pub first_token_ms: ::core::option::Option<f64>,
     /// The replica that answered the pick (`PickResponse.replica`): the filter
