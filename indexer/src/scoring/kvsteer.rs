@@ -333,7 +333,12 @@ pub const NEW_PROMPT_SHARE: f64 = 0.5;
 /// [`NEW_PROMPT_SHARE`] new takes the smallest working set before the
 /// least loaded worker: the load of the moment passes, the groups a worker
 /// has taken on stay (`sim/BENCHMARKS-DIARY.md`, "4 Dec (late): lasting
-/// queues and even placement"). And a prompt that no worker holds more of
+/// queues and even placement"). Before both, though, goes a worker that
+/// holds the most of the prompt and is idle (nothing running or waiting):
+/// a new conversation whose shared system prompt sits on an idle worker
+/// starts there, where its first token comes soonest and delays no one
+/// (`sim/BENCHMARKS-DIARY.md`, "6 Dec (afternoon)": the spread had started
+/// it cold beside an idle holder). And a prompt that no worker holds more of
 /// than another (its cache reset or evicted everywhere) goes first to the
 /// worker it was placed on in the placement window, which also counts as
 /// its holder for the lasting-queue rule while it keeps the prompt
@@ -403,8 +408,13 @@ pub(super) fn order(
         .take_while(|r| cost(r) <= best * (1.0 + band))
         .count();
     let starts_something = new_share >= NEW_PROMPT_SHARE;
+    // A worker that holds the most of the prompt and has nothing running
+    // or waiting: starting there costs no one a wait.
+    let idle_holder =
+        |r: &Ranked| !held_alike && held(r) == most_held && views[r.index].load() == 0.0;
     candidates[..near].sort_by(|a, b| {
         let (va, vb) = (&views[a.index], &views[b.index]);
+        let keep = idle_holder(b).cmp(&idle_holder(a));
         let home = if has_home {
             placed(b).cmp(&placed(a))
         } else {
@@ -417,7 +427,8 @@ pub(super) fn order(
         } else {
             load.then(routed)
         };
-        home.then(first)
+        keep.then(home)
+            .then(first)
             .then(va.placed_other_tokens.cmp(&vb.placed_other_tokens))
             .then_with(|| tie(a).cmp(&tie(b)))
     });

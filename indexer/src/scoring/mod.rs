@@ -480,8 +480,9 @@ mod tests {
 
     /// A new prompt (a conversation's first turn) spreads: among workers
     /// within its new share of the best cost, the least claimed one takes
-    /// it, even when a busier one holds its shared system prompt. A prompt
-    /// seen before keeps the narrow band: its predicted TTFT decides.
+    /// it, even when a busier one holds its shared system prompt; an idle
+    /// holder keeps it. A prompt seen before keeps the narrow band: its
+    /// predicted TTFT decides.
     #[test]
     fn new_prompts_spread_and_known_ones_follow_the_prediction() {
         let cfg = ScoringConfig {
@@ -489,17 +490,34 @@ mod tests {
             ..ScoringConfig::default()
         };
         // The system prompt (2,000 of 6,000 tokens) is cached on worker 0,
-        // which already holds two other conversations.
+        // which already holds two other conversations and decodes one.
         let mut warm = idle(1000.0);
         warm.gpu_hit_tokens = 2_000;
         warm.routed_other_tokens = 30_000;
         warm.placed_other_tokens = 30_000;
-        let views = [warm, idle(1000.0), idle(1000.0)];
-        let first =
-            |r: PromptTokens| rank_views(Policy::Kvsteer, &cfg, r, &views, turn(0))[0].index;
+        warm.in_flight = 1;
+        warm.decoding = 1;
+        let mut views = [warm, idle(1000.0), idle(1000.0)];
+        let first = |r: PromptTokens, views: &[WorkerView]| {
+            rank_views(Policy::Kvsteer, &cfg, r, views, turn(0))[0].index
+        };
         // 4,000 of 6,000 tokens new: cold workers (6 s) are within 2/3 of
         // the warm one's 4 s; the emptier wins.
-        assert_ne!(first(PromptTokens::unseen(6_000)), 0);
+        assert_ne!(first(PromptTokens::unseen(6_000), &views), 0);
+        // The holder idle: its first token comes soonest and delays no one.
+        views[0].in_flight = 0;
+        views[0].decoding = 0;
+        assert_eq!(first(PromptTokens::unseen(6_000), &views), 0);
+        // Its engine reports a request running that is not ours: busy.
+        views[0].scraped = Some(ScrapedLoad {
+            running: 1.0,
+            ..ScrapedLoad::default()
+        });
+        assert_ne!(first(PromptTokens::unseen(6_000), &views), 0);
+        views[0].scraped = None;
+        views[0].in_flight = 1;
+        views[0].decoding = 1;
+        let first = |r: PromptTokens| first(r, &views);
         // The same prompt seen before (its conversation was placed, then
         // evicted everywhere): the cache decides.
         assert_eq!(first(PromptTokens::seen(6_000)), 0);
