@@ -85,22 +85,22 @@ impl Outbox {
     /// without a first token of its own (the filter always sets it; this
     /// keeps the sample for any other sender) takes over its time and
     /// whether it was measured. Returns the report when it was not absorbed.
-    fn absorb_first_token(&mut self, mut done: ReportRequest) -> Option<ReportRequest> {
-        let end = [ReportKind::Done as i32, ReportKind::Cancelled as i32];
-        if !end.contains(&done.kind) {
-            return Some(done);
+    fn absorb_first_token(&mut self, mut end: ReportRequest) -> Option<ReportRequest> {
+        let terminal = [ReportKind::Done as i32, ReportKind::Cancelled as i32];
+        if !terminal.contains(&end.kind) {
+            return Some(end);
         }
         let Some(at) = self.queue.iter().position(|r| {
-            r.kind == ReportKind::FirstToken as i32 && r.request_id == done.request_id
+            r.kind == ReportKind::FirstToken as i32 && r.request_id == end.request_id
         }) else {
-            return Some(done);
+            return Some(end);
         };
         let first = &self.queue[at];
-        if done.first_token_ms.is_none() {
-            done.first_token_ms = Some(first.elapsed_ms);
-            done.ttft_measured = first.ttft_measured;
+        if end.first_token_ms.is_none() {
+            end.first_token_ms = Some(first.elapsed_ms);
+            end.ttft_measured = first.ttft_measured;
         }
-        self.queue[at] = done;
+        self.queue[at] = end;
         None
     }
 }

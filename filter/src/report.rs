@@ -173,14 +173,13 @@ impl ReportTracker {
         if !self.wants_response() {
             return None;
         }
-        let mut report = self.finish(ReportKind::Done, at_ms)?;
-        let (first_ms, measured) = match self.first_output {
-            Some(first) => (first.at_ms, first.measured),
-            None => (self.first_bytes_ms.unwrap_or(at_ms), false),
-        };
-        report.first_token_ms = Some(first_ms);
-        report.ttft_measured = measured;
-        Some(report)
+        // Without an output event, the first bytes (or the end) stand in.
+        let first = self.first_output.unwrap_or(FirstOutput {
+            at_ms: self.first_bytes_ms.unwrap_or(at_ms),
+            measured: false,
+            alone: false,
+        });
+        Some(self.finish(ReportKind::Done, at_ms)?.carrying(first))
     }
 
     /// The stream went away (client reset, upstream reset, local reply)
@@ -190,12 +189,11 @@ impl ReportTracker {
         match self.state {
             ReportState::Pending | ReportState::Picked | ReportState::FirstTokenSent => {
                 let first = self.first_output;
-                let mut report = self.finish(ReportKind::Cancelled, at_ms)?;
-                if let Some(first) = first {
-                    report.first_token_ms = Some(first.at_ms);
-                    report.ttft_measured = first.measured;
-                }
-                Some(report)
+                let report = self.finish(ReportKind::Cancelled, at_ms)?;
+                Some(match first {
+                    Some(first) => report.carrying(first),
+                    None => report,
+                })
             }
             ReportState::Idle | ReportState::Unchosen | ReportState::Finished => None,
         }
@@ -212,6 +210,19 @@ impl ReportTracker {
             first_token_ms: None,
             ttft_measured: false,
         })
+    }
+}
+
+// === impl Report ===
+
+impl Report {
+    /// This terminal report with `first` as its first token.
+    fn carrying(self, first: FirstOutput) -> Self {
+        Self {
+            first_token_ms: Some(first.at_ms),
+            ttft_measured: first.measured,
+            ..self
+        }
     }
 }
 

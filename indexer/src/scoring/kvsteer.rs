@@ -339,8 +339,8 @@ pub const NEW_PROMPT_SHARE: f64 = 0.5;
 /// starts there, where its first token comes soonest and delays no one
 /// at that moment (`sim/BENCHMARKS-DIARY.md`, "6 Dec (evening)": the
 /// spread had started it cold beside an idle holder). And a prompt that no
-/// worker holds more of
-/// than another (its cache reset or evicted everywhere) goes first to the
+/// worker holds more of than another (its cache reset or evicted
+/// everywhere) goes first to the
 /// worker it was placed on in the placement window, which also counts as
 /// its holder for the lasting-queue rule while it keeps the prompt
 /// ([`home_keeps`]): a group placed evenly stays even after its caches
