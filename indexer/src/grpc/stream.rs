@@ -16,6 +16,7 @@
 //! pick is counted abandoned, as when a unary call is reset.
 
 use super::{Deadline, RouterService};
+use crate::picker::AfterAnswer;
 use kvsteer_proto::v1::{self as pb, pick_stream_request::Kind};
 use std::{collections::HashMap, time::Duration};
 use tokio::{
@@ -116,10 +117,9 @@ impl Picks {
                 let (service, tx, task_id) = (service.clone(), tx.clone(), id.clone());
                 let handle = self.tasks.spawn(async move {
                     match service.answer(pick, deadline).await {
-                        Ok(mut answer) => {
+                        Ok((mut answer, records)) => {
                             answer.request_id = task_id;
-                            // The stream may be gone by now; nothing waits then.
-                            let _ = tx.send(Ok(answer)).await;
+                            send_then_record(&tx, answer, records).await;
                         }
                         // Past its deadline: the filter has stopped waiting.
                         Err(status) => tracing::debug!(request_id = %task_id, %status, "stream pick unanswered"),
@@ -152,6 +152,32 @@ impl Picks {
         if let Some(id) = self.by_task.remove(&task) {
             self.by_id.remove(&id);
         }
+    }
+}
+
+/// Sends a committed pick's answer, then makes its per-block records
+/// (`records` dropped): on long prompts they take longer than the rest of
+/// the commit, and nothing the filter does next needs them first (a pick
+/// it sends next waits for them, see [`crate::picker::AfterAnswer`]).
+async fn send_then_record(
+    tx: &mpsc::Sender<Result<pb::PickResponse, Status>>,
+    answer: pb::PickResponse,
+    records: Option<AfterAnswer>,
+) {
+    match tx.try_send(Ok(answer)) {
+        Ok(()) => {
+            // The answer's writer runs first (it was just woken on this
+            // thread); an idle thread may take the records meanwhile.
+            task::yield_now().await;
+            drop(records);
+        }
+        // The filter reads slowly: picks must not wait for its reading.
+        Err(mpsc::error::TrySendError::Full(answer)) => {
+            drop(records);
+            // The stream may be gone by now; nothing waits then.
+            let _ = tx.send(answer).await;
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => drop(records),
     }
 }
 

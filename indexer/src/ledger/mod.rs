@@ -323,6 +323,30 @@ impl Ledger {
         }
     }
 
+    /// Queues the prompt of an entry [`Self::open`]ed without it (the pick
+    /// `picked_at`), until its first token. Nothing when the entry has
+    /// ended, been replaced, has its first token or is queued already: no
+    /// report would take the blocks out again.
+    pub fn queue(&self, id: &str, picked_at: Instant, keys: Vec<BlockKey>) -> bool {
+        if keys.is_empty() {
+            return false;
+        }
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        let Some(rec) = inner.entries.get_mut(id) else {
+            return false;
+        };
+        let e = &rec.entry;
+        if e.picked_at != picked_at || e.first_token_at.is_some() || !rec.queued.is_empty() {
+            return false;
+        }
+        self.shared.queued.add(e.worker, &keys);
+        rec.queued = keys;
+        inner.queue_order.push_back((picked_at, id.to_owned()));
+        inner.bound_queued(self.queued_capacity, &self.shared.queued);
+        true
+    }
+
     /// Records a first token: the entry's tokens move from unprefilled to
     /// decoding and its prompt is no longer queued. Returns the entry once
     /// (`None` for an unknown id or a second first token).

@@ -244,6 +244,41 @@ fn queued_prompts_lend_their_prefix_until_prefilled() {
     assert_eq!(l.view(&[]).1, vec![0, 0, 0]);
 }
 
+/// A prompt queued after its entry was opened (its answer sent first):
+/// only while the entry is the same pick, still waiting for its first
+/// token and not queued already; otherwise nothing would take it out.
+#[test]
+fn a_prompt_queued_after_its_entry_only_while_it_waits_for_its_first_token() {
+    let l = ledger(2);
+    let t0 = Instant::now();
+    let t1 = t0 + Duration::from_millis(1);
+    let prompt = keys(0..4);
+    l.open("a", entry(1, 4.0, t0), vec![]);
+    assert_eq!(l.view(&prompt).1, vec![0, 0]);
+    assert!(l.queue("a", t0, prompt.clone()));
+    assert_eq!(l.view(&prompt).1, vec![0, 4]);
+    assert!(!l.queue("a", t0, prompt.clone()), "queued already");
+    assert_eq!(l.stats().queued_blocks, 4);
+    l.first_token("a", t0);
+    assert_eq!(l.view(&prompt).1, vec![0, 0]);
+    // Its first token, its end, or a newer pick of its id came first.
+    l.open("b", entry(0, 4.0, t0), vec![]);
+    l.first_token("b", t0);
+    assert!(!l.queue("b", t0, prompt.clone()), "prefilled");
+    l.open("c", entry(0, 4.0, t0), vec![]);
+    l.finish("c", t0);
+    assert!(!l.queue("c", t0, prompt.clone()), "ended");
+    l.open("d", entry(0, 4.0, t0), vec![]);
+    l.open("d", entry(1, 4.0, t1), vec![]);
+    assert!(!l.queue("d", t0, prompt.clone()), "replaced");
+    assert!(!l.queue("e", t0, prompt.clone()), "unknown");
+    assert_eq!(l.view(&prompt).1, vec![0, 0]);
+    for id in ["a", "b", "d"] {
+        l.finish(id, t1);
+    }
+    assert!(idle(&l));
+}
+
 #[test]
 fn queued_prompts_are_bounded_and_their_load_stays() {
     let l = Ledger::new(1, 1000.0, TTL, 8);

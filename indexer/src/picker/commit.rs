@@ -1,6 +1,16 @@
 //! Commit: a pick's ledger entry (in flight on its worker, its prompt
 //! queued there until the first token), its blocks in the route memories,
 //! and its metrics.
+//!
+//! A commit has two parts. The entry, the worker's load and the metrics
+//! are recorded before the answer leaves: whatever reads the load or the
+//! metrics once the caller has its answer sees the pick. The per-block
+//! records (the prompt's blocks queued on the worker, its routes) are the
+//! costly part on long prompts, one map update per block (a 10k-token
+//! prompt has ~700): a `PickStream` answer leaves before them
+//! ([`Picker::commit_answered`]). Until they are recorded, picks wait for
+//! them before they read the workers ([`Trailing`]), so a pick arriving
+//! after an answer sees all of it, as when it was recorded first.
 
 use super::{Mode, Picker};
 use crate::{
@@ -10,7 +20,14 @@ use crate::{
     metrics::{AbandonLabels, PickLabels, ReasonLabels},
     scoring::Prediction,
 };
-use std::time::Instant;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Instant,
+};
+use tokio::sync::Notify;
 
 /// A pick not yet committed: what the ledger, the route memory and the
 /// pick metrics record of it.
@@ -45,6 +62,35 @@ pub enum Committed {
     WorkerGone,
 }
 
+/// A commit's per-block records, not yet made: the prompt's blocks queued
+/// on its worker, its routes.
+#[derive(Debug)]
+struct Blocks {
+    request_id: String,
+    worker: usize,
+    worker_id: WorkerId,
+    keys: Vec<BlockKey>,
+    at: Instant,
+}
+
+/// A committed pick whose per-block records wait for its answer to be
+/// sent. Dropping it records them: a task ended right after sending its
+/// answer still leaves the pick whole.
+#[must_use = "dropped at once, it records the blocks before the answer is sent"]
+pub struct AfterAnswer {
+    picker: Arc<Picker>,
+    blocks: Option<Blocks>,
+}
+
+/// Commits whose per-block records are still to come. A pick reads the
+/// workers once there are none ([`Trailing::settled`]): what was answered
+/// before it arrived is all in its view.
+#[derive(Debug, Default)]
+pub(super) struct Trailing {
+    open: AtomicUsize,
+    settled: Notify,
+}
+
 // === impl Picker ===
 
 impl Picker {
@@ -54,20 +100,45 @@ impl Picker {
     /// The gRPC handler calls this last, once its caller is known to be
     /// still there ([`Mode::Deferred`]).
     pub fn commit(&self, p: Placement) -> Committed {
+        let (committed, blocks) = self.commit_entry(p);
+        if let Some(b) = blocks {
+            self.record_blocks(b);
+        }
+        committed
+    }
+
+    /// [`Self::commit`] whose per-block records wait for the answer: made
+    /// when the returned [`AfterAnswer`] is dropped (after the answer is
+    /// sent). Picks that read the workers meanwhile wait for them.
+    pub fn commit_answered(self: &Arc<Self>, p: Placement) -> (Committed, AfterAnswer) {
+        let (committed, blocks) = self.commit_entry(p);
+        if blocks.is_some() {
+            self.trailing.open.fetch_add(1, Ordering::AcqRel);
+        }
+        let after = AfterAnswer {
+            picker: self.clone(),
+            blocks,
+        };
+        (committed, after)
+    }
+
+    /// Waits until every commit answered so far has its per-block records.
+    pub(super) async fn blocks_recorded(&self) {
+        self.trailing.settled().await;
+    }
+
+    /// The entry, the load and the metrics; the per-block records to make.
+    fn commit_entry(&self, p: Placement) -> (Committed, Option<Blocks>) {
         // The slot may be vacated (its ledger entries dropped) or hold a new
         // worker by now: record nothing on it then.
-        let present = self
-            .workers
-            .get(p.worker)
-            .is_some_and(|w| w.id == p.worker_id && !w.is_retired());
-        if !present {
+        if !self.holds(p.worker, p.worker_id) {
             self.metrics
                 .pick_abandoned
                 .get_or_create(&AbandonLabels {
                     reason: "worker_gone",
                 })
                 .inc();
-            return Committed::WorkerGone;
+            return (Committed::WorkerGone, None);
         }
         if !p.request_id.is_empty() {
             let entry = Entry {
@@ -78,16 +149,16 @@ impl Picker {
                 tenant: p.tenant.clone(),
                 policy: p.policy,
             };
-            if self.ledger.open(&p.request_id, entry, p.keys.clone()) == Opened::Reported {
+            // Queued with its blocks below (`record_blocks`).
+            if self.ledger.open(&p.request_id, entry, Vec::new()) == Opened::Reported {
                 self.metrics
                     .pick_abandoned
                     .get_or_create(&AbandonLabels { reason: "reported" })
                     .inc();
                 tracing::debug!(request_id = %p.request_id, "pick not counted: its terminal report came first");
-                return Committed::Reported;
+                return (Committed::Reported, None);
             }
         }
-        self.routes.record(p.worker, &p.keys, p.at);
         if let Some(reason) = p.degraded {
             self.metrics
                 .degraded
@@ -110,7 +181,33 @@ impl Picker {
             .predicted_ttft
             .observe(p.prediction.ttft_ms / 1000.0);
         self.count(Mode::Commit, p.policy, "routed", &p.tenant, p.start);
-        Committed::Recorded
+        let blocks = (!p.keys.is_empty()).then_some(Blocks {
+            request_id: p.request_id,
+            worker: p.worker,
+            worker_id: p.worker_id,
+            keys: p.keys,
+            at: p.at,
+        });
+        (Committed::Recorded, blocks)
+    }
+
+    /// The prompt's blocks queued on its worker (unless its entry has
+    /// ended or has its first token by now) and in its routes.
+    fn record_blocks(&self, b: Blocks) {
+        if !self.holds(b.worker, b.worker_id) {
+            return;
+        }
+        self.routes.record(b.worker, &b.keys, b.at);
+        if !b.request_id.is_empty() {
+            self.ledger.queue(&b.request_id, b.at, b.keys);
+        }
+    }
+
+    /// Whether slot `slot` still holds worker `id`, not retired.
+    fn holds(&self, slot: usize, id: WorkerId) -> bool {
+        self.workers
+            .get(slot)
+            .is_some_and(|w| w.id == id && !w.is_retired())
     }
 
     pub(super) fn count(
@@ -135,5 +232,39 @@ impl Picker {
         self.metrics
             .pick_latency
             .observe(start.elapsed().as_secs_f64());
+    }
+}
+
+// === impl AfterAnswer ===
+
+impl Drop for AfterAnswer {
+    fn drop(&mut self) {
+        if let Some(b) = self.blocks.take() {
+            self.picker.record_blocks(b);
+            self.picker.trailing.close();
+        }
+    }
+}
+
+// === impl Trailing ===
+
+impl Trailing {
+    fn close(&self) {
+        if self.open.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.settled.notify_waiters();
+        }
+    }
+
+    async fn settled(&self) {
+        loop {
+            let notified = self.settled.notified();
+            tokio::pin!(notified);
+            // Registered before the check: a close in between still wakes it.
+            notified.as_mut().enable();
+            if self.open.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
     }
 }

@@ -73,6 +73,8 @@ impl Picker {
                 Err(e) => index_error = Some(e.to_string()),
             }
         }
+        // What was answered before this pick is all in its view.
+        self.blocks_recorded().await;
         let (loads, queued) = self.ledger.view(&keys);
         let routes = self.routes.lookup(&keys, now, queued);
         let (found, views) = workers
