@@ -115,6 +115,7 @@ pub struct Metrics {
     pub pick_streams: Gauge,
     /// Reports that matched no ledger entry (or a finished one), by kind.
     pub reports_unmatched: Family<KindLabels, Counter>,
+    pub reports_after_end: Family<KindLabels, Counter>,
     pub ledger_entries: Gauge,
     pub ledger_tombstones: Gauge,
     /// How far back the route window reaches (seconds; 0: nothing in it).
@@ -191,6 +192,7 @@ impl Metrics {
             pick_abandoned: Family::default(),
             pick_streams: Gauge::default(),
             reports_unmatched: Family::default(),
+            reports_after_end: Family::default(),
             ledger_entries: Gauge::default(),
             ledger_tombstones: Gauge::default(),
             route_window_seconds: Gauge::default(),
@@ -351,8 +353,13 @@ impl Metrics {
         );
         r.register(
             "reports_unmatched",
-            "Reports for a request without a ledger entry (ended, expired, not picked yet)",
+            "Reports for a request without a ledger entry (expired, not picked yet, another replica's, unknown)",
             m.reports_unmatched.clone(),
+        );
+        r.register(
+            "reports_after_end",
+            "First-token reports that came after their request's end (the end overtook them and carried the first token)",
+            m.reports_after_end.clone(),
         );
         r.register(
             "ledger_entries",

@@ -389,10 +389,18 @@ async fn a_first_token_and_its_end_count_once_in_either_order() {
         .metric("kvsteer_observed_ttft_seconds_sum{tenant=\"other\"}")
         .await;
     assert!((sum - 0.15).abs() < 1e-9, "{sum}");
+    // The two first tokens their ends overtook, told apart from reports
+    // for ids never seen.
+    assert_eq!(
+        s.metric("kvsteer_reports_after_end_total{kind=\"first_token\"}")
+            .await,
+        2.0
+    );
+    client.report(first("never-picked")).await.expect("report");
     assert_eq!(
         s.metric("kvsteer_reports_unmatched_total{kind=\"first_token\"}")
             .await,
-        2.0
+        1.0
     );
     s.running.shutdown().await;
 }

@@ -61,9 +61,9 @@ async fn get(c: &Cluster, r: usize, path: &str) -> anyhow::Result<String> {
         .await?)
 }
 
-/// Picks a replica answered (routed or not), terminal reports (done,
-/// cancelled) it could not match. A first token overtaken by its request's
-/// end is unmatched on the right replica too, so it says nothing here.
+/// Picks a replica answered (routed or not), reports it could not match. A
+/// first token overtaken by its request's end is not among them (the
+/// replica counts it as after its end): unmatched reports went elsewhere.
 async fn counts(c: &Cluster, r: usize) -> anyhow::Result<(f64, f64)> {
     let m = get(c, r, "/metrics").await?;
     let unmatched = |kind: &str| {
@@ -75,7 +75,7 @@ async fn counts(c: &Cluster, r: usize) -> anyhow::Result<(f64, f64)> {
     };
     Ok((
         metric_sum(&m, "kvsteer_picks_total", &["outcome=\"routed\""]),
-        unmatched("done") + unmatched("cancelled"),
+        unmatched("first_token") + unmatched("done") + unmatched("cancelled"),
     ))
 }
 

@@ -159,6 +159,10 @@ struct Inner {
     /// prefilled, ended or replaced since leave stale items, skipped.
     queue_order: VecDeque<(Instant, String)>,
     tombstones: Tombstones,
+    /// Ids whose entry an end closed, as long as tombstones live: a first
+    /// token that comes after its end is told apart from one for an id
+    /// never seen (same bounds, same expiry).
+    ended: Tombstones,
     expired: u64,
     late_picks: u64,
 }
@@ -281,6 +285,7 @@ impl Ledger {
                 entries: HashMap::new(),
                 queue_order: VecDeque::new(),
                 tombstones: Tombstones::new(tombstone_ttl, tombstone_capacity),
+                ended: Tombstones::new(tombstone_ttl, tombstone_capacity),
                 expired: 0,
                 late_picks: 0,
             }),
@@ -371,12 +376,20 @@ impl Ledger {
         Some(rec.entry.clone())
     }
 
+    /// Whether an end closed `id`'s entry within the tombstones' TTL: a
+    /// first token without an entry then came after its end (the end
+    /// carried it).
+    pub fn ended(&self, id: &str) -> bool {
+        self.inner.lock().ended.contains(id)
+    }
+
     /// Records a terminal report (done or cancelled). An entry without a
     /// first token ends as if its first token came with the end: the
     /// aggregates are released either way.
     pub fn finish(&self, id: &str, now: Instant) -> Finished {
         let mut inner = self.inner.lock();
         if let Some(entry) = inner.close(id, &self.shared) {
+            inner.ended.insert(id, now);
             return Finished::Closed(entry);
         }
         if inner.tombstones.insert(id, now) {
@@ -403,6 +416,7 @@ impl Ledger {
         }
         inner.expired += stale.len() as u64;
         inner.trim_queue_order();
+        inner.ended.expire(now);
         Expired {
             entries: stale.len(),
             tombstones: inner.tombstones.expire(now),

@@ -159,6 +159,32 @@ fn repeated_id_replaces_and_unknown_worker_is_refused() {
     assert!(l.first_token("nope", now).is_none());
 }
 
+/// An end that closed an entry is remembered as long as a tombstone
+/// lives: a first token after it is told apart from one for an unknown id.
+#[test]
+fn an_ended_id_is_remembered_as_long_as_a_tombstone() {
+    let l = Ledger::with_tombstones(2, 1000.0, TTL, 1_000, Duration::from_secs(30), 2);
+    let t0 = Instant::now();
+    l.open("a", entry(0, 4.0, t0), vec![]);
+    assert!(!l.ended("a"), "open");
+    assert!(matches!(l.finish("a", t0), Finished::Closed(_)));
+    assert!(l.ended("a"));
+    assert!(l.first_token("a", t0).is_none());
+    assert!(!l.ended("b"), "never picked");
+    // A terminal report without an entry leaves a tombstone, not an end.
+    l.finish("b", t0);
+    assert!(!l.ended("b"));
+    // Bounded as tombstones are: the oldest go first.
+    for id in ["c", "d"] {
+        l.open(id, entry(0, 4.0, t0), vec![]);
+        l.finish(id, t0 + Duration::from_secs(1));
+    }
+    assert!(!l.ended("a") && l.ended("c") && l.ended("d"));
+    l.expire(t0 + Duration::from_secs(32));
+    assert!(!l.ended("c") && !l.ended("d"));
+    assert!(idle(&l));
+}
+
 #[test]
 fn stale_entries_and_tombstones_expire() {
     let l = Ledger::with_tombstones(

@@ -59,6 +59,10 @@ impl Tombstones {
         true
     }
 
+    pub(super) fn contains(&self, id: &str) -> bool {
+        self.at.contains_key(id)
+    }
+
     /// Removes `id`'s tombstone; returns whether there was one.
     pub(super) fn take(&mut self, id: &str) -> bool {
         self.at.remove(id).is_some()

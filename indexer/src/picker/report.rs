@@ -10,7 +10,8 @@
 //! puts it on every done (and on a cancel after output), also after a
 //! first token reported alone, so an end that overtakes its first-token
 //! report (separate calls, separate tasks) or outlives a lost one still
-//! counts it, once; a first token after its end is unmatched.
+//! counts it, once; a first token after its end is counted as such
+//! (`kvsteer_reports_after_end_total`), apart from the unmatched ones.
 
 use crate::{
     ledger::{Entry, Finished},
@@ -129,6 +130,10 @@ impl Picker {
                     self.observe_ttft(&entry, r, FirstToken::Elapsed, now);
                 }
                 Some(_) => {}
+                // Its end overtook it and carried its first token.
+                None if self.ledger.ended(r.request_id) => {
+                    self.metrics.reports_after_end.get_or_create(&kind).inc();
+                }
                 None => {
                     self.metrics.reports_unmatched.get_or_create(&kind).inc();
                 }
