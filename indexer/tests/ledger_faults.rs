@@ -350,7 +350,7 @@ async fn done_with_its_first_token_releases_and_calibrates_only_when_measured() 
 /// The filter's DONE (or CANCELLED after output) repeats a first token it
 /// reported alone: the two are separate calls, handled in either order.
 /// Each request is one observed TTFT, its first report's, and a first
-/// token after its end is unmatched.
+/// token after its end counts as such, not as unmatched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_token_and_its_end_count_once_in_either_order() {
     let s = start().await;

@@ -155,29 +155,36 @@ impl Picks {
     }
 }
 
-/// Sends a committed pick's answer, then makes its per-block records
-/// (`records` dropped): on long prompts they take longer than the rest of
-/// the commit, and nothing the filter does next needs them first (a pick
-/// it sends next waits for them, see [`crate::picker::AfterAnswer`]).
+/// Sends a committed pick's answer and makes its per-block records
+/// (`records` dropped) on a task of their own: on long prompts they take
+/// longer than the rest of the commit, and nothing the filter does next
+/// needs them first (a pick it sends next waits for them, see
+/// [`crate::picker::AfterAnswer`]).
 async fn send_then_record(
     tx: &mpsc::Sender<Result<pb::PickResponse, Status>>,
     answer: pb::PickResponse,
     records: Option<AfterAnswer>,
 ) {
-    match tx.try_send(Ok(answer)) {
-        Ok(()) => {
-            // The answer's writer runs first (it was just woken on this
-            // thread); an idle thread may take the records meanwhile.
+    let Some(records) = records else {
+        // The stream may be gone by now; nothing waits then.
+        let _ = tx.send(Ok(answer)).await;
+        return;
+    };
+    match tx.try_reserve() {
+        Ok(permit) => {
+            permit.send(Ok(answer));
+            // The answer's writer, woken by the send, takes this thread's
+            // next turn; the records are made when it has nothing else to
+            // run (at the latest within one scheduler tick of 61 polls).
             task::yield_now().await;
             drop(records);
         }
         // The filter reads slowly: picks must not wait for its reading.
-        Err(mpsc::error::TrySendError::Full(answer)) => {
+        Err(mpsc::error::TrySendError::Full(())) => {
             drop(records);
-            // The stream may be gone by now; nothing waits then.
-            let _ = tx.send(answer).await;
+            let _ = tx.send(Ok(answer)).await;
         }
-        Err(mpsc::error::TrySendError::Closed(_)) => drop(records),
+        Err(mpsc::error::TrySendError::Closed(())) => drop(records),
     }
 }
 

@@ -307,6 +307,8 @@ impl Ledger {
             return Opened::UnknownWorker;
         };
         let replaced = inner.close(id, &self.shared).is_some();
+        // An id picked again is no longer one that ended.
+        inner.ended.take(id);
         load.update(|w| {
             w.in_flight += 1;
             w.unprefilled_tokens += entry.tokens();

@@ -83,8 +83,9 @@ pub struct AfterAnswer {
 }
 
 /// Commits whose per-block records are still to come. A pick reads the
-/// workers once there are none ([`Trailing::settled`]): what was answered
-/// before it arrived is all in its view.
+/// workers once those open when it arrived are closed
+/// ([`Trailing::settled`]): what was answered before it arrived is all in
+/// its view.
 #[derive(Debug, Default)]
 pub(super) struct Trailing {
     open: AtomicUsize,
@@ -102,7 +103,8 @@ impl Picker {
     pub fn commit(&self, p: Placement) -> Committed {
         let (committed, blocks) = self.commit_entry(p);
         if let Some(b) = blocks {
-            self.record_blocks(b);
+            let at = b.at;
+            self.record_blocks(b, at);
         }
         committed
     }
@@ -192,12 +194,13 @@ impl Picker {
     }
 
     /// The prompt's blocks queued on its worker (unless its entry has
-    /// ended or has its first token by now) and in its routes.
-    fn record_blocks(&self, b: Blocks) {
+    /// ended or has its first token by now) and in its routes (as routed
+    /// at `routed_at`).
+    fn record_blocks(&self, b: Blocks, routed_at: Instant) {
         if !self.holds(b.worker, b.worker_id) {
             return;
         }
-        self.routes.record(b.worker, &b.keys, b.at);
+        self.routes.record(b.worker, &b.keys, routed_at);
         if !b.request_id.is_empty() {
             self.ledger.queue(&b.request_id, b.at, b.keys);
         }
@@ -240,9 +243,22 @@ impl Picker {
 impl Drop for AfterAnswer {
     fn drop(&mut self) {
         if let Some(b) = self.blocks.take() {
-            self.picker.record_blocks(b);
-            self.picker.trailing.close();
+            // Closed even if recording panics: picks must not wait forever.
+            let _closed = Close(&self.picker.trailing);
+            // Routed now, not at the pick: the route memory's items stay in
+            // the order they came.
+            let routed_at = Instant::now().max(b.at);
+            self.picker.record_blocks(b, routed_at);
         }
+    }
+}
+
+/// Closes one of [`Trailing`]'s open commits when dropped.
+struct Close<'a>(&'a Trailing);
+
+impl Drop for Close<'_> {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 
@@ -255,16 +271,47 @@ impl Trailing {
         }
     }
 
+    /// Returns once no commit open when it was called is still open. One
+    /// wakeup is enough: it comes when the count reaches 0, so every
+    /// commit open before had closed by then, whatever opened since (a
+    /// pick waiting for the count to stay at 0 could wait for ever under
+    /// load).
     async fn settled(&self) {
-        loop {
-            let notified = self.settled.notified();
-            tokio::pin!(notified);
-            // Registered before the check: a close in between still wakes it.
-            notified.as_mut().enable();
-            if self.open.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            notified.await;
+        let notified = self.settled.notified();
+        tokio::pin!(notified);
+        // Registered before the check: a close in between still wakes it.
+        notified.as_mut().enable();
+        if self.open.load(Ordering::Acquire) == 0 {
+            return;
         }
+        notified.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wait ends once the commits open when it began are closed, even if
+    /// others opened since (under load the count may never stay at 0).
+    #[tokio::test]
+    async fn a_wait_ends_once_the_commits_open_at_its_start_close() {
+        let t = Arc::new(Trailing::default());
+        t.settled().await;
+        t.open.fetch_add(1, Ordering::AcqRel);
+        let waiter = tokio::spawn({
+            let t = t.clone();
+            async move { t.settled().await }
+        });
+        // This runtime has one thread: the waiter runs until it waits.
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "a commit is open");
+        t.close();
+        // Another commit opens before the waiter runs again.
+        t.open.fetch_add(1, Ordering::AcqRel);
+        tokio::task::yield_now().await;
+        assert!(waiter.is_finished(), "the commit it waited for closed");
+        t.close();
+        assert_eq!(t.open.load(Ordering::Acquire), 0);
     }
 }
