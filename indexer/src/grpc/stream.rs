@@ -155,10 +155,10 @@ impl Picks {
     }
 }
 
-/// Sends a committed pick's answer and makes its per-block records
-/// (`records` dropped) on a task of their own: on long prompts they take
-/// longer than the rest of the commit, and nothing the filter does next
-/// needs them first (a pick it sends next waits for them, see
+/// Sends a committed pick's answer, then makes its per-block records
+/// (`records` dropped) once the answer's writer has run: on long prompts
+/// they take longer than the rest of the commit, and nothing the filter
+/// does next needs them first (a pick it sends next waits for them, see
 /// [`crate::picker::AfterAnswer`]).
 async fn send_then_record(
     tx: &mpsc::Sender<Result<pb::PickResponse, Status>>,
