@@ -313,16 +313,13 @@ impl Ledger {
             w.in_flight += 1;
             w.unprefilled_tokens += entry.tokens();
         });
-        if !queued.is_empty() {
-            self.shared.queued.add(entry.worker, &queued);
-            inner
-                .queue_order
-                .push_back((entry.picked_at, id.to_owned()));
-        }
-        inner
-            .entries
-            .insert(id.to_owned(), Record { entry, queued });
-        inner.bound_queued(self.queued_capacity, &self.shared.queued);
+        let picked_at = entry.picked_at;
+        let record = Record {
+            entry,
+            queued: Vec::new(),
+        };
+        inner.entries.insert(id.to_owned(), record);
+        self.queue_in(inner, id, picked_at, queued);
         if replaced {
             Opened::Replaced
         } else {
@@ -335,16 +332,26 @@ impl Ledger {
     /// ended, been replaced, has its first token or is queued already: no
     /// report would take the blocks out again.
     pub fn queue(&self, id: &str, picked_at: Instant, keys: Vec<BlockKey>) -> bool {
-        if keys.is_empty() {
-            return false;
-        }
-        let mut guard = self.inner.lock();
-        let inner = &mut *guard;
+        self.queue_in(&mut self.inner.lock(), id, picked_at, keys)
+    }
+
+    /// [`Self::queue`] under the entries' mutex (held by the caller).
+    fn queue_in(
+        &self,
+        inner: &mut Inner,
+        id: &str,
+        picked_at: Instant,
+        keys: Vec<BlockKey>,
+    ) -> bool {
         let Some(rec) = inner.entries.get_mut(id) else {
             return false;
         };
         let e = &rec.entry;
-        if e.picked_at != picked_at || e.first_token_at.is_some() || !rec.queued.is_empty() {
+        if keys.is_empty()
+            || e.picked_at != picked_at
+            || e.first_token_at.is_some()
+            || !rec.queued.is_empty()
+        {
             return false;
         }
         self.shared.queued.add(e.worker, &keys);

@@ -124,11 +124,6 @@ impl Picker {
         (committed, after)
     }
 
-    /// Waits until every commit answered so far has its per-block records.
-    pub(super) async fn blocks_recorded(&self) {
-        self.trailing.settled().await;
-    }
-
     /// The entry, the load and the metrics; the per-block records to make.
     fn commit_entry(&self, p: Placement) -> (Committed, Option<Blocks>) {
         // The slot may be vacated (its ledger entries dropped) or hold a new
@@ -276,7 +271,7 @@ impl Trailing {
     /// commit open before had closed by then, whatever opened since (a
     /// pick waiting for the count to stay at 0 could wait for ever under
     /// load).
-    async fn settled(&self) {
+    pub(super) async fn settled(&self) {
         let notified = self.settled.notified();
         tokio::pin!(notified);
         // Registered before the check: a close in between still wakes it.

@@ -74,7 +74,7 @@ impl Picker {
             }
         }
         // What was answered before this pick is all in its view.
-        self.blocks_recorded().await;
+        self.trailing.settled().await;
         let (loads, queued) = self.ledger.view(&keys);
         let routes = self.routes.lookup(&keys, now, queued);
         let (found, views) = workers
