@@ -274,6 +274,7 @@ async fn workers(State(s): State<AdminState>) -> Json<Value> {
             "entries": ledger.entries,
             "tombstones": ledger.tombstones,
             "queued_blocks": ledger.queued_blocks,
+            "held_blocks": ledger.held_blocks,
             "expired": ledger.expired,
             "late_picks": ledger.late_picks,
             "tombstones_evicted": ledger.tombstones_evicted,

@@ -14,7 +14,7 @@
 use crate::{
     metrics::{AbandonLabels, Metrics},
     picker::{
-        AfterAnswer, Mode, Outcome, PickInput, Picker,
+        Mode, Outcome, PickInput, Picker,
         report::{Report, ReportKind},
     },
     prompt,
@@ -131,14 +131,12 @@ impl RouterService {
 
     /// Answers one pick, for the unary call and the stream alike; commits
     /// it as its last step unless `deadline` has passed. Dropping the
-    /// future before then (the caller went away) commits nothing. The
-    /// commit's per-block records are made when the returned
-    /// [`AfterAnswer`] is dropped: once the answer is on its way.
+    /// future before then (the caller went away) commits nothing.
     pub(crate) async fn answer(
         &self,
         req: pb::PickRequest,
         deadline: Option<Deadline>,
-    ) -> Result<(pb::PickResponse, Option<AfterAnswer>), Status> {
+    ) -> Result<pb::PickResponse, Status> {
         let abandon = Abandon::new(self.picker.metrics(), deadline);
         let tenancy = self.tenancy.clone();
         let mut input = pick_input(&req);
@@ -146,7 +144,7 @@ impl RouterService {
         if let Some(t) = &tenancy {
             if let Err(refusal) = t.check_tenant(&req.tenant) {
                 abandon.disarm();
-                return Ok((refusal_response(refusal, &self.replica), None));
+                return Ok(refusal_response(refusal, &self.replica));
             }
             salt = t.salt(&req.tenant, &req.model, input.cache_salt.as_deref());
             if salt.is_some() {
@@ -181,7 +179,7 @@ impl RouterService {
             if let Err(refusal) = admitted {
                 abandon.disarm();
                 tracing::debug!(request_id = %req.request_id, status = refusal.status, "pick refused by the tenant's budget");
-                return Ok((refusal_response(refusal, &self.replica), None));
+                return Ok(refusal_response(refusal, &self.replica));
             }
             reserved = Some(Reserved {
                 tenancy: t.clone(),
@@ -206,7 +204,7 @@ impl RouterService {
                     .settle(&r.request_id, Ending::Done { used_tokens })
                     .await;
             }
-            return Ok((response(out), None));
+            return Ok(response(out));
         };
         if !abandon.expired() {
             // Where a reset stream (the caller gone) drops this future.
@@ -222,8 +220,8 @@ impl RouterService {
         if let Some(mut r) = reserved {
             r.armed = false;
         }
-        let (_, after) = self.picker.commit_answered(placement);
-        Ok((response(out), Some(after)))
+        self.picker.commit(placement);
+        Ok(response(out))
     }
 }
 
@@ -341,11 +339,9 @@ impl Router for RouterService {
         // From here: the body is in, so the caller's clock started a little
         // earlier (tonic's own timeout counts from the headers).
         let deadline = grpc_timeout(request.metadata()).map(Deadline::after);
-        // The per-block records are made here, before tonic sends the
-        // answer: a unary call has no moment after it.
         self.answer(request.into_inner(), deadline)
             .await
-            .map(|(answer, _records)| Response::new(answer))
+            .map(Response::new)
     }
 
     type PickStreamStream = stream::Answers;

@@ -16,7 +16,6 @@
 //! pick is counted abandoned, as when a unary call is reset.
 
 use super::{Deadline, RouterService};
-use crate::picker::AfterAnswer;
 use kvsteer_proto::v1::{self as pb, pick_stream_request::Kind};
 use std::{collections::HashMap, time::Duration};
 use tokio::{
@@ -117,9 +116,10 @@ impl Picks {
                 let (service, tx, task_id) = (service.clone(), tx.clone(), id.clone());
                 let handle = self.tasks.spawn(async move {
                     match service.answer(pick, deadline).await {
-                        Ok((mut answer, records)) => {
+                        Ok(mut answer) => {
                             answer.request_id = task_id;
-                            send_then_record(&tx, answer, records).await;
+                            // The stream may be gone by now; nothing waits then.
+                            let _ = tx.send(Ok(answer)).await;
                         }
                         // Past its deadline: the filter has stopped waiting.
                         Err(status) => tracing::debug!(request_id = %task_id, %status, "stream pick unanswered"),
@@ -152,39 +152,6 @@ impl Picks {
         if let Some(id) = self.by_task.remove(&task) {
             self.by_id.remove(&id);
         }
-    }
-}
-
-/// Sends a committed pick's answer, then makes its per-block records
-/// (`records` dropped) once the answer's writer has run: on long prompts
-/// they take longer than the rest of the commit, and nothing the filter
-/// does next needs them first (a pick it sends next waits for them, see
-/// [`crate::picker::AfterAnswer`]).
-async fn send_then_record(
-    tx: &mpsc::Sender<Result<pb::PickResponse, Status>>,
-    answer: pb::PickResponse,
-    records: Option<AfterAnswer>,
-) {
-    let Some(records) = records else {
-        // The stream may be gone by now; nothing waits then.
-        let _ = tx.send(Ok(answer)).await;
-        return;
-    };
-    match tx.try_reserve() {
-        Ok(permit) => {
-            permit.send(Ok(answer));
-            // The answer's writer, woken by the send, takes this thread's
-            // next turn; the records are made when it has nothing else to
-            // run (at the latest within one scheduler tick of 61 polls).
-            task::yield_now().await;
-            drop(records);
-        }
-        // The filter reads slowly: picks must not wait for its reading.
-        Err(mpsc::error::TrySendError::Full(())) => {
-            drop(records);
-            let _ = tx.send(Ok(answer)).await;
-        }
-        Err(mpsc::error::TrySendError::Closed(())) => drop(records),
     }
 }
 

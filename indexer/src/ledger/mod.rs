@@ -4,17 +4,17 @@
 //!
 //! An entry holds what every per-request view needs: the worker and its
 //! prediction (in-flight load, calibration), when it was picked and got
-//! its first token, the tenant and policy (metric labels) and, until the
-//! first token, the prompt's blocks (a prompt queued there: see
-//! [`queued`]). The per-worker aggregates (`in_flight`,
-//! `unprefilled_tokens`, `decoding`) and the queued-block counts change
-//! only with an entry, under the ledger's lock, so they return to zero
-//! exactly when every request has ended.
+//! its first token, the tenant and policy (metric labels) and the prompt's
+//! blocks (queued there until the first token, held until the end: see
+//! [`blocks`]). The per-worker aggregates
+//! (`in_flight`, `unprefilled_tokens`, `decoding`) and the block counts
+//! change only with an entry, under the ledger's lock, so they return to
+//! zero exactly when every request has ended.
 //!
 //! The pick's read side takes no lock of the ledger's entries: each
 //! worker's load and rate (calibration) live in atomics ([`Shared`]),
 //! changed only under the entries' mutex and read by [`Ledger::view`]
-//! without it, and the queued blocks are sharded under their own locks
+//! without it, and the prompt blocks are sharded under their own locks
 //! (taken after the entries', one block at a time). Only writes (a pick's
 //! commit, reports, expiry) take the entries' mutex. A view may see one
 //! field of a worker's load before a change and another after it: the
@@ -29,7 +29,7 @@
 //! Entries whose terminal report never comes expire after a TTL, in
 //! [`Ledger::expire`] only (the service calls it on its housekeeping tick).
 
-mod queued;
+mod blocks;
 mod tombstones;
 
 #[cfg(test)]
@@ -38,8 +38,9 @@ mod proptests;
 mod tests;
 
 use crate::{keys::BlockKey, scoring::Prediction};
+pub use blocks::Leading;
+use blocks::PromptBlocks;
 use parking_lot::Mutex;
-use queued::QueuedBlocks;
 use std::{
     collections::{HashMap, VecDeque},
     sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
@@ -117,6 +118,8 @@ pub struct LedgerStats {
     pub tombstones: usize,
     /// Prompt blocks held by queued prompts.
     pub queued_blocks: usize,
+    /// Prompt blocks held by prompts in flight (queued or not).
+    pub held_blocks: usize,
     /// Entries dropped by the TTL so far.
     pub expired: u64,
     /// Picks not counted because their terminal report came first.
@@ -127,9 +130,9 @@ pub struct LedgerStats {
 
 pub struct Ledger {
     ttl: Duration,
-    /// Queued prompt blocks kept at most (the oldest prompts stop counting
-    /// as queued first; their load stays).
-    queued_capacity: usize,
+    /// Prompt blocks held at most (the oldest prompts stop counting as
+    /// queued and held first; their load stays).
+    blocks_capacity: usize,
     /// A worker's load before anything is known of it.
     prior: LocalLoad,
     inner: Mutex<Inner>,
@@ -139,7 +142,7 @@ pub struct Ledger {
 /// What picks read without the entries' mutex; written only under it.
 struct Shared {
     loads: Box<[SharedLoad]>,
-    queued: QueuedBlocks,
+    blocks: PromptBlocks,
 }
 
 /// One worker's [`LocalLoad`], field by field.
@@ -156,7 +159,7 @@ struct SharedLoad {
 struct Inner {
     entries: HashMap<String, Record>,
     /// Order in which prompts were queued, for the capacity bound; entries
-    /// prefilled, ended or replaced since leave stale items, skipped.
+    /// ended or replaced since leave stale items, skipped.
     queue_order: VecDeque<(Instant, String)>,
     tombstones: Tombstones,
     /// Ids whose entry an end closed, as long as tombstones live: a first
@@ -167,10 +170,21 @@ struct Inner {
     late_picks: u64,
 }
 
-/// An entry and its prompt's blocks while queued (empty once prefilled).
+/// An entry and its prompt's blocks (empty when not counted: none given,
+/// or dropped by the capacity bound). They are queued until the entry's
+/// first token and held until its end.
 struct Record {
     entry: Entry,
-    queued: Vec<BlockKey>,
+    blocks: Vec<BlockKey>,
+}
+
+// === impl Record ===
+
+impl Record {
+    /// Whether its blocks count as queued (no first token yet).
+    fn queued(&self) -> bool {
+        self.entry.first_token_at.is_none()
+    }
 }
 
 // === impl Entry ===
@@ -237,18 +251,18 @@ impl Shared {
 
 impl Ledger {
     /// `ttl`: entries without a terminal report are dropped after this long;
-    /// `queued_capacity`: queued prompt blocks kept at most.
+    /// `blocks_capacity`: prompt blocks of requests in flight kept at most.
     pub fn new(
         workers: usize,
         prefill_rate_prior: f64,
         ttl: Duration,
-        queued_capacity: usize,
+        blocks_capacity: usize,
     ) -> Self {
         Self::with_tombstones(
             workers,
             prefill_rate_prior,
             ttl,
-            queued_capacity,
+            blocks_capacity,
             TOMBSTONE_TTL,
             TOMBSTONE_CAPACITY,
         )
@@ -259,7 +273,7 @@ impl Ledger {
         workers: usize,
         prefill_rate_prior: f64,
         ttl: Duration,
-        queued_capacity: usize,
+        blocks_capacity: usize,
         tombstone_ttl: Duration,
         tombstone_capacity: usize,
     ) -> Self {
@@ -269,7 +283,7 @@ impl Ledger {
         };
         Self {
             ttl,
-            queued_capacity,
+            blocks_capacity,
             prior: load,
             shared: Shared {
                 loads: (0..workers)
@@ -279,7 +293,7 @@ impl Ledger {
                         w
                     })
                     .collect(),
-                queued: QueuedBlocks::new(workers),
+                blocks: PromptBlocks::new(workers),
             },
             inner: Mutex::new(Inner {
                 entries: HashMap::new(),
@@ -292,11 +306,11 @@ impl Ledger {
         }
     }
 
-    /// Records a committed pick and, when `queued` is not empty, its prompt
-    /// as queued on its worker until the first token. An id with an entry
-    /// is replaced; an id with a tombstone is not recorded (and the
-    /// tombstone is used up).
-    pub fn open(&self, id: &str, entry: Entry, queued: Vec<BlockKey>) -> Opened {
+    /// Records a committed pick and, when `blocks` is not empty, its prompt
+    /// as queued on its worker until the first token and held there until
+    /// the end. An id with an entry is replaced; an id with a tombstone is
+    /// not recorded (and the tombstone is used up).
+    pub fn open(&self, id: &str, entry: Entry, blocks: Vec<BlockKey>) -> Opened {
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
         if inner.tombstones.take(id) {
@@ -313,13 +327,16 @@ impl Ledger {
             w.in_flight += 1;
             w.unprefilled_tokens += entry.tokens();
         });
-        let picked_at = entry.picked_at;
-        let record = Record {
-            entry,
-            queued: Vec::new(),
-        };
-        inner.entries.insert(id.to_owned(), record);
-        self.queue_in(inner, id, picked_at, queued);
+        if !blocks.is_empty() {
+            self.shared.blocks.add(entry.worker, &blocks);
+            inner
+                .queue_order
+                .push_back((entry.picked_at, id.to_owned()));
+        }
+        inner
+            .entries
+            .insert(id.to_owned(), Record { entry, blocks });
+        inner.bound_blocks(self.blocks_capacity, &self.shared.blocks);
         if replaced {
             Opened::Replaced
         } else {
@@ -327,43 +344,9 @@ impl Ledger {
         }
     }
 
-    /// Queues the prompt of an entry [`Self::open`]ed without it (the pick
-    /// `picked_at`), until its first token. Nothing when the entry has
-    /// ended, been replaced, has its first token or is queued already: no
-    /// report would take the blocks out again.
-    pub fn queue(&self, id: &str, picked_at: Instant, keys: Vec<BlockKey>) -> bool {
-        self.queue_in(&mut self.inner.lock(), id, picked_at, keys)
-    }
-
-    /// [`Self::queue`] under the entries' mutex (held by the caller).
-    fn queue_in(
-        &self,
-        inner: &mut Inner,
-        id: &str,
-        picked_at: Instant,
-        keys: Vec<BlockKey>,
-    ) -> bool {
-        let Some(rec) = inner.entries.get_mut(id) else {
-            return false;
-        };
-        let e = &rec.entry;
-        if keys.is_empty()
-            || e.picked_at != picked_at
-            || e.first_token_at.is_some()
-            || !rec.queued.is_empty()
-        {
-            return false;
-        }
-        self.shared.queued.add(e.worker, &keys);
-        rec.queued = keys;
-        inner.queue_order.push_back((picked_at, id.to_owned()));
-        inner.bound_queued(self.queued_capacity, &self.shared.queued);
-        true
-    }
-
     /// Records a first token: the entry's tokens move from unprefilled to
-    /// decoding and its prompt is no longer queued. Returns the entry once
-    /// (`None` for an unknown id or a second first token).
+    /// decoding and its prompt is no longer queued (it stays held). Returns
+    /// the entry once (`None` for an unknown id or a second first token).
     pub fn first_token(&self, id: &str, now: Instant) -> Option<Entry> {
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
@@ -380,8 +363,7 @@ impl Ledger {
                 w.decoding += 1;
             });
         }
-        let keys = std::mem::take(&mut rec.queued);
-        self.shared.queued.remove(worker, &keys);
+        self.shared.blocks.prefilled(worker, &rec.blocks);
         Some(rec.entry.clone())
     }
 
@@ -438,15 +420,20 @@ impl Ledger {
     }
 
     /// Every worker's load and, per worker, how many of `keys`' leading
-    /// blocks a prompt queued there holds. Takes no lock of the entries:
-    /// the loads are atomics, the queued blocks are read shard by shard.
-    pub fn view(&self, keys: &[BlockKey]) -> (Vec<LocalLoad>, Vec<u32>) {
-        let queued = if keys.is_empty() {
-            vec![0; self.shared.loads.len()]
+    /// blocks a prompt queued there holds, and one in flight. Takes no lock
+    /// of the entries: the loads are atomics, the blocks are read shard by
+    /// shard.
+    pub fn view(&self, keys: &[BlockKey]) -> (Vec<LocalLoad>, Leading) {
+        let leading = if keys.is_empty() {
+            let none = vec![0; self.shared.loads.len()];
+            Leading {
+                queued: none.clone(),
+                held: none,
+            }
         } else {
-            self.shared.queued.lookup(keys)
+            self.shared.blocks.lookup(keys)
         };
-        (self.snapshot(), queued)
+        (self.snapshot(), leading)
     }
 
     /// Worker `worker`'s prefill rate (`None` out of range).
@@ -527,7 +514,8 @@ impl Ledger {
         LedgerStats {
             entries: inner.entries.len(),
             tombstones: inner.tombstones.len(),
-            queued_blocks: self.shared.queued.held(),
+            queued_blocks: self.shared.blocks.queued(),
+            held_blocks: self.shared.blocks.held(),
             expired: inner.expired,
             late_picks: inner.late_picks,
             tombstones_evicted: inner.tombstones.evicted,
@@ -552,29 +540,31 @@ impl Inner {
                 }
             });
         }
-        shared.queued.remove(worker, &rec.queued);
+        shared.blocks.remove(worker, &rec.blocks, !prefilled);
         Some(rec.entry)
     }
 
-    /// Whether a `queue_order` item still stands for a queued prompt.
-    fn queued_at(&self, at: Instant, id: &str) -> bool {
+    /// Whether a `queue_order` item still stands for a prompt's counted
+    /// blocks.
+    fn counted_at(&self, at: Instant, id: &str) -> bool {
         self.entries
             .get(id)
-            .is_some_and(|r| r.entry.picked_at == at && !r.queued.is_empty())
+            .is_some_and(|r| r.entry.picked_at == at && !r.blocks.is_empty())
     }
 
-    /// Beyond `capacity` queued blocks, the oldest queued prompts stop
-    /// counting as queued (their entries stay).
-    fn bound_queued(&mut self, capacity: usize, queued: &QueuedBlocks) {
-        while queued.held() > capacity || self.queue_order.len() > 2 * capacity.max(1) {
+    /// Beyond `capacity` held blocks, the oldest prompts stop counting as
+    /// queued and held (their entries stay).
+    fn bound_blocks(&mut self, capacity: usize, blocks: &PromptBlocks) {
+        while blocks.held() > capacity || self.queue_order.len() > 2 * capacity.max(1) {
             let Some((at, id)) = self.queue_order.pop_front() else {
                 break;
             };
-            if self.queued_at(at, &id)
+            if self.counted_at(at, &id)
                 && let Some(rec) = self.entries.get_mut(&id)
             {
-                let keys = std::mem::take(&mut rec.queued);
-                queued.remove(rec.entry.worker, &keys);
+                let queued = rec.queued();
+                let keys = std::mem::take(&mut rec.blocks);
+                blocks.remove(rec.entry.worker, &keys, queued);
             }
         }
     }
@@ -582,7 +572,7 @@ impl Inner {
     /// Drops the stale items at the front of `queue_order`.
     fn trim_queue_order(&mut self) {
         while let Some((at, id)) = self.queue_order.front() {
-            if self.queued_at(*at, id) {
+            if self.counted_at(*at, id) {
                 break;
             }
             self.queue_order.pop_front();

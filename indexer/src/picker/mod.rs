@@ -14,7 +14,7 @@ mod queue_age;
 pub mod report;
 mod view;
 
-pub use commit::{AfterAnswer, Committed, Placement};
+pub use commit::{Committed, Placement};
 pub use view::PickView;
 
 use crate::{
@@ -65,8 +65,6 @@ pub struct Picker {
     queue_age: queue_age::QueueAge,
     counter: AtomicUsize,
     encoder: Encoder,
-    /// Commits answered before their per-block records.
-    trailing: commit::Trailing,
 }
 
 /// The request, in domain terms.
@@ -235,7 +233,6 @@ impl Picker {
             workers,
             metrics,
             counter: AtomicUsize::new(0),
-            trailing: commit::Trailing::default(),
         }
     }
 
@@ -691,7 +688,7 @@ workers:
             assert!(!p.pick(pick, Mode::Commit).await.decision.degraded);
         }
         let counted = |window: fn(&RouteView) -> &Vec<Routed>| {
-            let view = p.routes.lookup(&[], Instant::now(), Vec::new());
+            let view = p.routes.lookup(&[], Instant::now(), Default::default());
             window(&view).iter().map(|r| r.other_blocks).sum::<u64>()
         };
         let now = Instant::now();
@@ -734,50 +731,6 @@ workers:
         p.report(&Report::done("r1", 1.0), Instant::now());
         assert!(p.ledger().is_empty());
         assert!(p.ledger().snapshot().iter().all(|w| w.in_flight == 0));
-    }
-
-    #[tokio::test]
-    async fn an_answered_commit_records_its_blocks_before_the_next_pick_reads_them() {
-        let p = tokenizing_picker(Index::memory(1 << 10), &mut Registry::default());
-        let mut first = p.pick(input("r1", "m"), Mode::Deferred).await;
-        let placement = first.placement.take().expect("a placement");
-        let (slot, keys) = (placement.worker, placement.keys.clone());
-        assert_eq!(keys.len(), 4);
-        let (committed, records) = p.commit_answered(placement);
-        assert_eq!(committed, Committed::Recorded);
-        // The entry, its load and its count are there at once.
-        assert_eq!(p.ledger().len(), 1);
-        assert_eq!(p.ledger().snapshot()[slot].in_flight, 1);
-        // Its blocks are not, until the answer is sent.
-        assert_eq!(p.ledger().view(&keys).1, vec![0, 0]);
-        // A pick meanwhile waits for them (this runtime has one thread: the
-        // twin runs until it waits), then follows its queued twin.
-        let twin = tokio::spawn({
-            let p = p.clone();
-            async move { p.pick(input("r2", "m"), Mode::Commit).await }
-        });
-        tokio::task::yield_now().await;
-        assert!(!twin.is_finished(), "the twin waits for r1's blocks");
-        drop(records);
-        let twin = twin.await.unwrap();
-        assert_eq!(twin.decision.worker, first.decision.worker);
-        let mut queued = vec![0, 0];
-        queued[slot] = 4;
-        assert_eq!(p.ledger().view(&keys).1, queued);
-        assert_eq!(p.ledger().stats().queued_blocks, 8, "r1's and r2's");
-        // A first token before the records: nothing is queued (no report
-        // would take it out).
-        let mut third = p.pick(input("r3", "m"), Mode::Deferred).await;
-        let (_, records) = p.commit_answered(third.placement.take().unwrap());
-        p.report(&Report::first_token("r3", 5.0, true), Instant::now());
-        drop(records);
-        assert_eq!(p.ledger().stats().queued_blocks, 8);
-        for id in ["r1", "r2"] {
-            p.report(&Report::done(id, 9.0), Instant::now());
-        }
-        p.report(&Report::done("r3", 9.0), Instant::now());
-        assert!(p.ledger().is_empty());
-        assert_eq!(p.ledger().stats().queued_blocks, 0);
     }
 
     #[tokio::test]

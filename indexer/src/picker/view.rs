@@ -73,10 +73,8 @@ impl Picker {
                 Err(e) => index_error = Some(e.to_string()),
             }
         }
-        // What was answered before this pick is all in its view.
-        self.trailing.settled().await;
-        let (loads, queued) = self.ledger.view(&keys);
-        let routes = self.routes.lookup(&keys, now, queued);
+        let (loads, leading) = self.ledger.view(&keys);
+        let routes = self.routes.lookup(&keys, now, leading);
         let (found, views) = workers
             .iter()
             .map(|w| {
@@ -133,6 +131,7 @@ fn worker_view(
         scraped,
         prefill_rate: load.prefill_rate,
         queued_hit_tokens: routes.queued_blocks.saturating_mul(block_size),
+        held_hit_tokens: routes.held_blocks.saturating_mul(block_size),
         routed_prompt_tokens: routes.routed.prompt_blocks.saturating_mul(block_size),
         routed_other_tokens: routes
             .routed

@@ -8,7 +8,8 @@
 //! slots    = (waiting + 1) × slot_time / running   (when waiting > 0 and running ≥ max_num_seqs,
 //!                                                  or kv_usage ≥ kv_full_threshold and the
 //!                                                  cache size is unknown)
-//! blocks   = (queued + uncached − free KV tokens) × slot_time / used KV tokens   (when > 0)
+//! idle     = gpu_hits − leading tokens a request in flight there holds   (≥ 0)
+//! blocks   = (queued + uncached + idle − free KV tokens) × slot_time / used KV tokens   (when > 0)
 //! ttft_ms  = max(1000 × queued / rate, 1000 × slots, 1000 × blocks)   (wait for the work ahead)
 //!          + running × decode_ms_per_running (decode steps sharing the batches)
 //!          + 1000 × uncached / rate          (this request's own prefill)
@@ -41,6 +42,13 @@
 //! theirs, `used / slot_time` tokens per second (Little's law on the cache).
 //! Without it a worker whose cache is full of decoding requests has an empty
 //! prefill queue and looks fast; requests sent there wait or preempt others.
+//! The prompt's cached blocks count in what it needs unless a request in
+//! flight there holds them (`idle`): vLLM counts a cached block that no
+//! running request references as free (it stays in the free list, first
+//! to be evicted), and takes it off that list when a request that hits it
+//! is admitted. A conversation's next turn, whose last turn has ended,
+//! needs its whole context in free blocks; a question on a prefix its
+//! group's running requests hold needs only its own.
 //!
 //! [`order`] ranks by `cost_ms`, not `ttft_ms`: prefill time is the resource
 //! every request shares, so a placement also delays the requests that will
@@ -166,8 +174,15 @@ pub fn predict(cfg: &ScoringConfig, prompt_tokens: u32, w: &WorkerView) -> Predi
     let cpu = (cached_anywhere - gpu).clamp(0.0, prompt - gpu);
     // vLLM always computes at least the last prompt token.
     let uncached_tokens = (prompt - gpu - cpu * cfg.cpu_hit_weight).max(prompt.min(1.0));
+    // Cached blocks no request in flight there holds are in the free part
+    // of the cache until this request takes them.
+    let idle_hits = f64::from(
+        w.gpu_hit_tokens
+            .min(prompt_tokens)
+            .saturating_sub(w.held_hit_tokens),
+    );
     let wait_ms = w.scraped.map_or(0.0, |s| {
-        slot_wait_ms(cfg, &s).max(kv_wait_ms(&s, queued_tokens + uncached_tokens))
+        slot_wait_ms(cfg, &s).max(kv_wait_ms(&s, queued_tokens + uncached_tokens + idle_hits))
     });
     let queue_ms = (1000.0 * queued_tokens / rate).max(wait_ms);
     let decode_ms = running * cfg.decode_ms_per_running;
@@ -226,8 +241,9 @@ fn slot_wait_ms(cfg: &ScoringConfig, s: &ScrapedLoad) -> f64 {
 }
 
 /// The wait for KV blocks: the engine admits a request only when its blocks
-/// fit. `need` tokens (the prefills queued ahead and this one's uncached
-/// tokens) against the free part of the cache; what does not fit waits for
+/// fit. `need` tokens (the prefills queued ahead, this one's uncached
+/// tokens and its cached ones nothing running holds) against the free part
+/// of the cache; what does not fit waits for
 /// running requests to finish, which release the used blocks at
 /// `used / slot_time` tokens per second (Little's law on the cache).
 fn kv_wait_ms(s: &ScrapedLoad, need: f64) -> f64 {
@@ -710,11 +726,25 @@ mod tests {
         let mut queued = empty;
         queued.unprefilled_tokens = 4_000;
         assert!(predict(&cfg(), PROMPT, &queued).wait_ms > 0.0);
-        // A warm prompt needs blocks for its uncached part only.
+        // A warm prompt whose cached blocks a request in flight there holds
+        // (already in the used part) needs blocks for its uncached part only.
         let mut warm_full = warm(0, 0);
+        warm_full.held_hit_tokens = MATCHED;
         warm_full.scraped = Some(kv(0.9));
         let w = predict(&cfg(), PROMPT, &warm_full);
         assert!(w.wait_ms < p.wait_ms && w.ttft_ms < p.ttft_ms);
+        // Cached blocks nothing holds are in the free part until it takes
+        // them: it needs blocks for the whole prompt, as cold, and only its
+        // prefill is shorter.
+        warm_full.held_hit_tokens = 0;
+        let idle = predict(&cfg(), PROMPT, &warm_full);
+        assert_eq!(idle.wait_ms, p.wait_ms);
+        assert!(idle.prefill_ms < p.prefill_ms);
+        // Held in part: the rest of the cached blocks count.
+        warm_full.held_hit_tokens = MATCHED / 2;
+        let half = predict(&cfg(), PROMPT, &warm_full);
+        let expect = 1000.0 * (f64::from(PROMPT - MATCHED / 2) - 1_000.0) * 10.0 / 9_000.0;
+        assert!((half.wait_ms - expect).abs() < 1e-6, "{half:?}");
         // Cache size not exported: only the kv_full_threshold slot rule.
         let mut unknown = kv(0.9);
         unknown.kv_capacity_tokens = 0.0;

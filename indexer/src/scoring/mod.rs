@@ -25,6 +25,10 @@ pub struct WorkerView {
     /// token yet (the ledger's queued prompts): cached by the time this one's
     /// prefill starts, which is after that one's.
     pub queued_hit_tokens: u32,
+    /// Leading prompt tokens of a request picked for it that has not ended
+    /// (queued or decoding): blocks the engine keeps referenced, so they
+    /// already count in its used KV cache.
+    pub held_hit_tokens: u32,
     /// Requests picked for it and not yet done.
     pub in_flight: u32,
     /// Uncached prompt tokens of requests picked for it that have no first token yet.
