@@ -273,7 +273,6 @@ async fn workers(State(s): State<AdminState>) -> Json<Value> {
         "ledger": {
             "entries": ledger.entries,
             "tombstones": ledger.tombstones,
-            "queued_blocks": ledger.queued_blocks,
             "held_blocks": ledger.held_blocks,
             "expired": ledger.expired,
             "late_picks": ledger.late_picks,

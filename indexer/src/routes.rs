@@ -10,8 +10,7 @@
 //! see `indexer/README.md`, "Pick latency under concurrency"). Neither
 //! window is per request: the prompts
 //! picked and not yet prefilled are the request ledger's
-//! ([`crate::ledger`]), which fills [`RouteView::queued`] (and
-//! [`RouteView::held`], the prompts in flight).
+//! ([`crate::ledger`]), which fills [`RouteView::held`].
 //!
 //! One mutex guards the record, held for a lookup or an insert (a few
 //! microseconds), never across an await. Every pick both reads and writes
@@ -26,7 +25,6 @@
 
 use crate::config::ScoringConfig;
 use crate::keys::{BlockKey, KeyHasher};
-use crate::ledger::Leading;
 use parking_lot::Mutex;
 use std::{
     collections::{HashMap, VecDeque},
@@ -84,11 +82,8 @@ struct Entry {
 pub struct RouteView {
     pub routed: Vec<Routed>,
     pub placed: Vec<Routed>,
-    /// The prompt's leading blocks that a prompt queued there holds (from
-    /// the ledger; empty: none anywhere).
-    pub queued: Vec<u32>,
-    /// The prompt's leading blocks that a prompt in flight there (queued
-    /// or decoding) holds (from the ledger; empty: none anywhere).
+    /// The prompt's leading blocks that a prompt in flight there holds
+    /// (from the ledger; empty: none anywhere).
     pub held: Vec<u32>,
 }
 
@@ -97,7 +92,6 @@ pub struct RouteView {
 pub struct WorkerRoutes {
     pub routed: Routed,
     pub placed: Routed,
-    pub queued_blocks: u32,
     pub held_blocks: u32,
 }
 
@@ -181,10 +175,9 @@ impl RouteMemory {
         inner.bound(self.capacity);
     }
 
-    /// What both windows say about `keys` at `now`, with `leading` (the
-    /// ledger's queued and held blocks per worker) alongside. Changes
-    /// nothing.
-    pub fn lookup(&self, keys: &[BlockKey], now: Instant, leading: Leading) -> RouteView {
+    /// What both windows say about `keys` at `now`, with `held` (the
+    /// ledger's held blocks per worker) alongside. Changes nothing.
+    pub fn lookup(&self, keys: &[BlockKey], now: Instant, held: Vec<u32>) -> RouteView {
         let inner = self.inner.lock();
         let workers = inner.blocks[ROUTED].len();
         let mut seen = [
@@ -221,8 +214,7 @@ impl RouteMemory {
         RouteView {
             routed,
             placed,
-            queued: leading.queued,
-            held: leading.held,
+            held,
         }
     }
 
@@ -416,7 +408,6 @@ impl RouteView {
         WorkerRoutes {
             routed: self.routed.get(i).copied().unwrap_or_default(),
             placed: self.placed.get(i).copied().unwrap_or_default(),
-            queued_blocks: self.queued.get(i).copied().unwrap_or_default(),
             held_blocks: self.held.get(i).copied().unwrap_or_default(),
         }
     }
@@ -447,7 +438,7 @@ mod tests {
     }
 
     fn routed(m: &RouteMemory, k: &[BlockKey], now: Instant) -> Vec<Routed> {
-        m.lookup(k, now, Leading::default()).routed
+        m.lookup(k, now, Vec::new()).routed
     }
 
     #[test]
@@ -498,14 +489,7 @@ mod tests {
         let off = RouteMemory::with_windows(1, Duration::ZERO, Duration::ZERO, 8);
         off.record(0, &keys(0..4), t0);
         assert_eq!(off.entries(), 0);
-        let view = off.lookup(
-            &keys(0..4),
-            t0,
-            Leading {
-                queued: vec![1],
-                held: vec![1],
-            },
-        );
+        let view = off.lookup(&keys(0..4), t0, vec![1]);
         assert_eq!(view.worker(0).routed, Routed::default());
         assert_eq!(view.worker(0).placed, Routed::default());
         // Out-of-range workers are ignored.
@@ -529,7 +513,7 @@ mod tests {
         // 15 blocks routed within the window; the caches hold 10 together:
         // the oldest routes leave it (block 0 stays, routed again at 30 s).
         assert_eq!(r.expire(at(30), Some(10)), Some(Duration::from_secs(20)));
-        let view = r.lookup(&keys(0..30), at(30), Leading::default());
+        let view = r.lookup(&keys(0..30), at(30), Vec::new());
         assert_eq!(view.worker(0).routed.prompt_blocks, 5, "0 and 20..24");
         assert_eq!(view.worker(1).routed.prompt_blocks, 5, "10..14 and 0");
         assert_eq!(view.worker(0).placed.prompt_blocks, 10, "placements stay");
@@ -541,9 +525,7 @@ mod tests {
         off.record(0, &keys(0..8), at(0));
         assert_eq!(off.expire(at(1), Some(0)), None, "nothing held: all out");
         assert_eq!(
-            off.lookup(&keys(0..8), at(1), Leading::default())
-                .worker(0)
-                .routed,
+            off.lookup(&keys(0..8), at(1), Vec::new()).worker(0).routed,
             Routed::default()
         );
     }
@@ -556,7 +538,7 @@ mod tests {
         r.record(0, &keys(0..6), t0);
         r.record(1, &keys(0..4), t0);
         r.cleared(0);
-        let view = r.lookup(&keys(0..6), t0, Leading::default());
+        let view = r.lookup(&keys(0..6), t0, Vec::new());
         assert_eq!(view.worker(0).routed, Routed::default());
         assert_eq!(
             view.worker(1).routed.prompt_blocks,
@@ -566,31 +548,19 @@ mod tests {
         assert_eq!(view.worker(0).placed.prompt_blocks, 6, "placements stay");
         // Routed again after the clear: counted afresh, once.
         r.record(0, &keys(0..2), t0 + Duration::from_secs(10));
-        let again = r.lookup(
-            &keys(0..6),
-            t0 + Duration::from_secs(10),
-            Leading::default(),
-        );
+        let again = r.lookup(&keys(0..6), t0 + Duration::from_secs(10), Vec::new());
         assert_eq!(again.worker(0).routed.prompt_blocks, 2);
         assert_eq!(again.worker(0).routed.other_blocks, 0);
         // The route window's expiry passes the cleared entries without
         // counting them down a second time; the placements expire later.
         r.expire(t0 + Duration::from_secs(61), None);
-        let later = r.lookup(
-            &keys(0..6),
-            t0 + Duration::from_secs(61),
-            Leading::default(),
-        );
+        let later = r.lookup(&keys(0..6), t0 + Duration::from_secs(61), Vec::new());
         assert_eq!(later.worker(0).routed.prompt_blocks, 2);
         assert_eq!(later.worker(1).routed, Routed::default());
         assert_eq!(later.worker(0).placed.prompt_blocks, 6);
         r.expire(t0 + Duration::from_secs(671), None);
         assert_eq!(r.entries(), 0);
-        let gone = r.lookup(
-            &keys(0..6),
-            t0 + Duration::from_secs(671),
-            Leading::default(),
-        );
+        let gone = r.lookup(&keys(0..6), t0 + Duration::from_secs(671), Vec::new());
         assert_eq!(gone.worker(0), WorkerRoutes::default());
         // Out of range: nothing happens.
         r.cleared(7);
@@ -623,17 +593,9 @@ mod tests {
         let t0 = Instant::now();
         let at = |s| t0 + Duration::from_secs(s);
         m.record(1, &keys(0..5), t0);
-        let view = m.lookup(
-            &keys(0..5),
-            t0,
-            Leading {
-                queued: vec![0, 5],
-                held: vec![0, 5],
-            },
-        );
+        let view = m.lookup(&keys(0..5), t0, vec![0, 5]);
         assert_eq!(view.worker(1).routed.prompt_blocks, 5);
         assert_eq!(view.worker(1).placed.prompt_blocks, 5);
-        assert_eq!(view.worker(1).queued_blocks, 5);
         assert_eq!(view.worker(1).held_blocks, 5);
         assert_eq!(view.worker(0), WorkerRoutes::default());
         assert_eq!(view.worker(7), WorkerRoutes::default());
@@ -641,13 +603,13 @@ mod tests {
         // Past the route window: placed, no longer routed, and not the
         // worker's working set once the tick has passed it.
         m.expire(at(100), None);
-        let view = m.lookup(&keys(0..5), at(100), Leading::default());
+        let view = m.lookup(&keys(0..5), at(100), Vec::new());
         assert_eq!(view.worker(1).routed, Routed::default());
         assert_eq!(view.worker(1).placed.prompt_blocks, 5);
         // Routed again: back in the working set.
         m.record(1, &keys(0..2), at(200));
         m.expire(at(200), None);
-        let view = m.lookup(&keys(0..5), at(200), Leading::default());
+        let view = m.lookup(&keys(0..5), at(200), Vec::new());
         assert_eq!(
             view.worker(1).routed,
             Routed {
@@ -660,7 +622,7 @@ mod tests {
         m.expire(at(700), None);
         assert_eq!(m.entries(), 2);
         assert_eq!(
-            m.lookup(&keys(0..5), at(700), Leading::default())
+            m.lookup(&keys(0..5), at(700), Vec::new())
                 .worker(1)
                 .placed
                 .prompt_blocks,
@@ -669,7 +631,7 @@ mod tests {
         m.expire(at(801), None);
         assert_eq!(m.entries(), 0);
         assert_eq!(
-            m.lookup(&keys(0..5), at(801), Leading::default()).worker(1),
+            m.lookup(&keys(0..5), at(801), Vec::new()).worker(1),
             WorkerRoutes::default()
         );
     }
@@ -698,12 +660,12 @@ mod tests {
                             .map(|b| BlockKey(w * 1_000_000 + i * 16 + b))
                             .collect();
                         m.record(w as usize, &keys, t0);
-                        m.lookup(&keys, t0, Leading::default());
+                        m.lookup(&keys, t0, Vec::new());
                     }
                 });
             }
         });
-        let view = m.lookup(&[], t0, Leading::default());
+        let view = m.lookup(&[], t0, Vec::new());
         for w in 0..4 {
             assert_eq!(view.worker(w).routed.other_blocks, 200 * 16);
             assert_eq!(view.worker(w).placed.other_blocks, 200 * 16);

@@ -5,8 +5,8 @@
 //! An entry holds what every per-request view needs: the worker and its
 //! prediction (in-flight load, calibration), when it was picked and got
 //! its first token, the tenant and policy (metric labels) and the prompt's
-//! blocks (queued there until the first token, held until the end: see
-//! [`blocks`]). The per-worker aggregates
+//! blocks (held there until the end: see [`blocks`]). The per-worker
+//! aggregates
 //! (`in_flight`, `unprefilled_tokens`, `decoding`) and the block counts
 //! change only with an entry, under the ledger's lock, so they return to
 //! zero exactly when every request has ended.
@@ -38,7 +38,6 @@ mod proptests;
 mod tests;
 
 use crate::{keys::BlockKey, scoring::Prediction};
-pub use blocks::Leading;
 use blocks::PromptBlocks;
 use parking_lot::Mutex;
 use std::{
@@ -116,9 +115,7 @@ pub struct Expired {
 pub struct LedgerStats {
     pub entries: usize,
     pub tombstones: usize,
-    /// Prompt blocks held by queued prompts.
-    pub queued_blocks: usize,
-    /// Prompt blocks held by prompts in flight (queued or not).
+    /// Prompt blocks held by prompts in flight.
     pub held_blocks: usize,
     /// Entries dropped by the TTL so far.
     pub expired: u64,
@@ -130,8 +127,8 @@ pub struct LedgerStats {
 
 pub struct Ledger {
     ttl: Duration,
-    /// Prompt blocks held at most (the oldest prompts stop counting as
-    /// queued and held first; their load stays).
+    /// Prompt blocks held at most (the oldest prompts stop counting first;
+    /// their load stays).
     blocks_capacity: usize,
     /// A worker's load before anything is known of it.
     prior: LocalLoad,
@@ -158,9 +155,9 @@ struct SharedLoad {
 
 struct Inner {
     entries: HashMap<String, Record>,
-    /// Order in which prompts were queued, for the capacity bound; entries
+    /// Order in which prompts were picked, for the capacity bound; entries
     /// ended or replaced since leave stale items, skipped.
-    queue_order: VecDeque<(Instant, String)>,
+    held_order: VecDeque<(Instant, String)>,
     tombstones: Tombstones,
     /// Ids whose entry an end closed, as long as tombstones live: a first
     /// token that comes after its end is told apart from one for an id
@@ -170,21 +167,11 @@ struct Inner {
     late_picks: u64,
 }
 
-/// An entry and its prompt's blocks (empty when not counted: none given,
-/// or dropped by the capacity bound). They are queued until the entry's
-/// first token and held until its end.
+/// An entry and its prompt's blocks, held until its end (empty when not
+/// counted: none given, or dropped by the capacity bound).
 struct Record {
     entry: Entry,
     blocks: Vec<BlockKey>,
-}
-
-// === impl Record ===
-
-impl Record {
-    /// Whether its blocks count as queued (no first token yet).
-    fn queued(&self) -> bool {
-        self.entry.first_token_at.is_none()
-    }
 }
 
 // === impl Entry ===
@@ -297,7 +284,7 @@ impl Ledger {
             },
             inner: Mutex::new(Inner {
                 entries: HashMap::new(),
-                queue_order: VecDeque::new(),
+                held_order: VecDeque::new(),
                 tombstones: Tombstones::new(tombstone_ttl, tombstone_capacity),
                 ended: Tombstones::new(tombstone_ttl, tombstone_capacity),
                 expired: 0,
@@ -307,8 +294,7 @@ impl Ledger {
     }
 
     /// Records a committed pick and, when `blocks` is not empty, its prompt
-    /// as queued on its worker until the first token and held there until
-    /// the end. An id with an entry is replaced; an id with a tombstone is
+    /// as held on its worker until the end. An id with an entry is replaced; an id with a tombstone is
     /// not recorded (and the tombstone is used up).
     pub fn open(&self, id: &str, entry: Entry, blocks: Vec<BlockKey>) -> Opened {
         let mut guard = self.inner.lock();
@@ -329,9 +315,7 @@ impl Ledger {
         });
         if !blocks.is_empty() {
             self.shared.blocks.add(entry.worker, &blocks);
-            inner
-                .queue_order
-                .push_back((entry.picked_at, id.to_owned()));
+            inner.held_order.push_back((entry.picked_at, id.to_owned()));
         }
         inner
             .entries
@@ -345,8 +329,8 @@ impl Ledger {
     }
 
     /// Records a first token: the entry's tokens move from unprefilled to
-    /// decoding and its prompt is no longer queued (it stays held). Returns
-    /// the entry once (`None` for an unknown id or a second first token).
+    /// decoding (its prompt stays held). Returns the entry once (`None` for
+    /// an unknown id or a second first token).
     pub fn first_token(&self, id: &str, now: Instant) -> Option<Entry> {
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
@@ -363,7 +347,6 @@ impl Ledger {
                 w.decoding += 1;
             });
         }
-        self.shared.blocks.prefilled(worker, &rec.blocks);
         Some(rec.entry.clone())
     }
 
@@ -406,7 +389,7 @@ impl Ledger {
             inner.close(id, &self.shared);
         }
         inner.expired += stale.len() as u64;
-        inner.trim_queue_order();
+        inner.trim_held_order();
         inner.ended.expire(now);
         Expired {
             entries: stale.len(),
@@ -420,20 +403,15 @@ impl Ledger {
     }
 
     /// Every worker's load and, per worker, how many of `keys`' leading
-    /// blocks a prompt queued there holds, and one in flight. Takes no lock
-    /// of the entries: the loads are atomics, the blocks are read shard by
-    /// shard.
-    pub fn view(&self, keys: &[BlockKey]) -> (Vec<LocalLoad>, Leading) {
-        let leading = if keys.is_empty() {
-            let none = vec![0; self.shared.loads.len()];
-            Leading {
-                queued: none.clone(),
-                held: none,
-            }
+    /// blocks a prompt in flight there holds. Takes no lock of the entries:
+    /// the loads are atomics, the blocks are read shard by shard.
+    pub fn view(&self, keys: &[BlockKey]) -> (Vec<LocalLoad>, Vec<u32>) {
+        let held = if keys.is_empty() {
+            vec![0; self.shared.loads.len()]
         } else {
             self.shared.blocks.lookup(keys)
         };
-        (self.snapshot(), leading)
+        (self.snapshot(), held)
     }
 
     /// Worker `worker`'s prefill rate (`None` out of range).
@@ -492,7 +470,7 @@ impl Ledger {
         if let Some(pooled) = self.shared.pooled_rate() {
             load.update(|w| w.prefill_rate = pooled);
         }
-        inner.trim_queue_order();
+        inner.trim_held_order();
         ids.len()
     }
 
@@ -514,7 +492,6 @@ impl Ledger {
         LedgerStats {
             entries: inner.entries.len(),
             tombstones: inner.tombstones.len(),
-            queued_blocks: self.shared.blocks.queued(),
             held_blocks: self.shared.blocks.held(),
             expired: inner.expired,
             late_picks: inner.late_picks,
@@ -540,11 +517,11 @@ impl Inner {
                 }
             });
         }
-        shared.blocks.remove(worker, &rec.blocks, !prefilled);
+        shared.blocks.remove(worker, &rec.blocks);
         Some(rec.entry)
     }
 
-    /// Whether a `queue_order` item still stands for a prompt's counted
+    /// Whether a `held_order` item still stands for a prompt's counted
     /// blocks.
     fn counted_at(&self, at: Instant, id: &str) -> bool {
         self.entries
@@ -553,29 +530,28 @@ impl Inner {
     }
 
     /// Beyond `capacity` held blocks, the oldest prompts stop counting as
-    /// queued and held (their entries stay).
+    /// held (their entries stay).
     fn bound_blocks(&mut self, capacity: usize, blocks: &PromptBlocks) {
-        while blocks.held() > capacity || self.queue_order.len() > 2 * capacity.max(1) {
-            let Some((at, id)) = self.queue_order.pop_front() else {
+        while blocks.held() > capacity || self.held_order.len() > 2 * capacity.max(1) {
+            let Some((at, id)) = self.held_order.pop_front() else {
                 break;
             };
             if self.counted_at(at, &id)
                 && let Some(rec) = self.entries.get_mut(&id)
             {
-                let queued = rec.queued();
                 let keys = std::mem::take(&mut rec.blocks);
-                blocks.remove(rec.entry.worker, &keys, queued);
+                blocks.remove(rec.entry.worker, &keys);
             }
         }
     }
 
-    /// Drops the stale items at the front of `queue_order`.
-    fn trim_queue_order(&mut self) {
-        while let Some((at, id)) = self.queue_order.front() {
+    /// Drops the stale items at the front of `held_order`.
+    fn trim_held_order(&mut self) {
+        while let Some((at, id)) = self.held_order.front() {
             if self.counted_at(*at, id) {
                 break;
             }
-            self.queue_order.pop_front();
+            self.held_order.pop_front();
         }
     }
 }

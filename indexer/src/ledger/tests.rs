@@ -35,7 +35,6 @@ fn idle(l: &Ledger) -> bool {
         && l.snapshot()
             .iter()
             .all(|w| (w.in_flight, w.unprefilled_tokens, w.decoding) == (0, 0, 0))
-        && l.stats().queued_blocks == 0
         && l.stats().held_blocks == 0
 }
 
@@ -131,7 +130,7 @@ fn done_without_a_first_token_counts_as_both() {
     let l = ledger(1);
     let now = Instant::now();
     l.open("a", entry(0, 10.0, now), keys(0..4));
-    assert_eq!(l.view(&keys(0..4)).1.queued, vec![4]);
+    assert_eq!(l.view(&keys(0..4)).1, vec![4]);
     let Finished::Closed(e) = l.finish("a", now) else {
         panic!("closed");
     };
@@ -155,7 +154,7 @@ fn repeated_id_replaces_and_unknown_worker_is_refused() {
     let s = l.snapshot();
     assert_eq!((s[0].in_flight, s[1].in_flight), (0, 1));
     assert_eq!((s[0].unprefilled_tokens, s[1].unprefilled_tokens), (0, 20));
-    assert_eq!(l.view(&keys(0..2)).1.queued, vec![0, 2], "the prompt moved");
+    assert_eq!(l.view(&keys(0..2)).1, vec![0, 2], "the prompt moved");
     assert_eq!(l.len(), 1);
     assert!(l.first_token("nope", now).is_none());
 }
@@ -210,11 +209,7 @@ fn stale_entries_and_tombstones_expire() {
         }
     );
     assert_eq!(load(&l, 0), (1, 0, 1));
-    assert_eq!(
-        l.view(&keys(0..2)).1.queued,
-        vec![0],
-        "its queued prompt went too"
-    );
+    assert_eq!(l.view(&keys(0..2)).1, vec![0], "its held prompt went too");
     let e = l.expire(start + Duration::from_secs(30));
     assert_eq!(
         e,
@@ -246,7 +241,7 @@ fn uncalibrated_workers_borrow_the_pool_rate() {
 }
 
 #[test]
-fn queued_prompts_lend_their_prefix_until_prefilled() {
+fn prompts_in_flight_lend_their_prefix_until_their_end() {
     let l = ledger(3);
     let t0 = Instant::now();
     // A group prefix (blocks 0..6) queued on 1 with its question, and
@@ -256,25 +251,25 @@ fn queued_prompts_lend_their_prefix_until_prefilled() {
     // Another user of the group: same prefix, another question.
     let mut prompt = keys(0..6);
     prompt.extend(keys(50..52));
-    assert_eq!(l.view(&prompt).1.queued, vec![0, 6, 3]);
+    assert_eq!(l.view(&prompt).1, vec![0, 6, 3]);
     // Only a leading run counts: a prompt whose first block differs
     // holds nothing, even where later keys are alike.
     let mut stranger = vec![BlockKey(99)];
     stranger.extend(keys(1..8));
-    assert_eq!(l.view(&stranger).1.queued, vec![0, 0, 0]);
+    assert_eq!(l.view(&stranger).1, vec![0, 0, 0]);
     // Two prompts with the same prefix on one worker: it stays held
-    // until both are prefilled (or ended).
+    // until both have ended; a first token changes nothing.
     l.open("c", entry(1, 6.0, t0), keys(0..6));
     l.first_token("a", t0);
-    assert_eq!(l.view(&prompt).1.queued, vec![0, 6, 3]);
+    assert_eq!(l.view(&prompt).1, vec![0, 6, 3]);
     l.finish("c", t0);
-    assert_eq!(l.view(&prompt).1.queued, vec![0, 0, 3]);
-    // Prefilled, "a" still holds its blocks until its end.
-    assert_eq!(l.view(&prompt).1.held, vec![0, 6, 3]);
+    assert_eq!(l.view(&prompt).1, vec![0, 6, 3], "a still runs");
+    l.finish("a", t0);
+    assert_eq!(l.view(&prompt).1, vec![0, 0, 3]);
     // Picked again elsewhere: the prompt moves.
     l.open("b", entry(0, 3.0, t0), keys(0..3));
-    assert_eq!(l.view(&prompt).1.queued, vec![3, 0, 0]);
-    assert_eq!(l.view(&[]).1.queued, vec![0, 0, 0]);
+    assert_eq!(l.view(&prompt).1, vec![3, 0, 0]);
+    assert_eq!(l.view(&[]).1, vec![0, 0, 0]);
 }
 
 /// A prompt's blocks are held on its worker from its pick to its end,
@@ -285,11 +280,11 @@ fn a_prompt_is_held_from_its_pick_to_its_end() {
     let l = ledger(2);
     let t0 = Instant::now();
     let prompt = keys(0..5);
-    let held = |l: &Ledger| l.view(&prompt).1.held;
+    let held = |l: &Ledger| l.view(&prompt).1;
     l.open("a", entry(1, 5.0, t0), prompt.clone());
     l.first_token("a", t0);
     assert_eq!(held(&l), vec![0, 5]);
-    assert_eq!((l.stats().queued_blocks, l.stats().held_blocks), (0, 5));
+    assert_eq!(l.stats().held_blocks, 5);
     l.finish("a", t0);
     assert_eq!(held(&l), vec![0, 0]);
     // A shorter prompt, prefilled: held as well.
@@ -312,25 +307,21 @@ fn a_prompt_is_held_from_its_pick_to_its_end() {
 }
 
 #[test]
-fn queued_prompts_are_bounded_and_their_load_stays() {
+fn held_prompts_are_bounded_and_their_load_stays() {
     let l = Ledger::new(1, 1000.0, TTL, 8);
     let t0 = Instant::now();
     l.open("a", entry(0, 4.0, t0), keys(0..4));
     l.open("b", entry(0, 4.0, t0), keys(10..14));
     l.open("c", entry(0, 4.0, t0), keys(20..24));
-    assert_eq!(
-        l.view(&keys(0..4)).1.queued,
-        vec![0],
-        "the oldest beyond 8 blocks"
-    );
-    assert_eq!(l.view(&keys(10..14)).1.queued, vec![4]);
-    assert_eq!(l.view(&keys(20..24)).1.queued, vec![4]);
+    assert_eq!(l.view(&keys(0..4)).1, vec![0], "the oldest beyond 8 blocks");
+    assert_eq!(l.view(&keys(10..14)).1, vec![4]);
+    assert_eq!(l.view(&keys(20..24)).1, vec![4]);
     assert_eq!(load(&l, 0), (3, 12, 0), "all three still in flight");
     // Prefilled prompts count in the bound until their end.
     l.first_token("b", t0);
     l.open("d", entry(0, 4.0, t0), keys(30..34));
-    assert_eq!(l.view(&keys(10..14)).1.held, vec![0], "b was the oldest");
-    assert_eq!(l.view(&keys(30..34)).1.held, vec![4]);
+    assert_eq!(l.view(&keys(10..14)).1, vec![0], "b was the oldest");
+    assert_eq!(l.view(&keys(30..34)).1, vec![4]);
     l.finish("d", t0);
     for id in ["a", "b", "c"] {
         l.first_token(id, t0);
@@ -339,11 +330,11 @@ fn queued_prompts_are_bounded_and_their_load_stays() {
     assert!(idle(&l));
     // Stale order items go on the next sweep.
     l.expire(t0);
-    assert!(l.inner.lock().queue_order.is_empty());
+    assert!(l.inner.lock().held_order.is_empty());
 }
 
 #[test]
-fn forgetting_a_worker_drops_its_entries_and_queued_blocks_and_resets_its_load() {
+fn forgetting_a_worker_drops_its_entries_and_held_blocks_and_resets_its_load() {
     let l = ledger(3);
     let t0 = Instant::now();
     l.open("a", entry(1, 500.0, t0), keys(0..4));
@@ -356,9 +347,9 @@ fn forgetting_a_worker_drops_its_entries_and_queued_blocks_and_resets_its_load()
     let w = l.snapshot()[1];
     assert!(!w.calibrated);
     assert_eq!(w.prefill_rate, 3_000.0, "the pool's rate, not its own");
-    // Worker 2 keeps its entry and its queued blocks.
+    // Worker 2 keeps its entry and its held blocks.
     assert_eq!(load(&l, 2), (1, 100, 0));
-    assert_eq!(l.view(&keys(0..4)).1.queued, vec![0, 0, 2]);
+    assert_eq!(l.view(&keys(0..4)).1, vec![0, 0, 2]);
     // A late report of a forgotten entry changes nothing.
     assert_eq!(l.finish("a", t0), Finished::Tombstoned);
     assert_eq!(load(&l, 1), (0, 0, 0));
@@ -370,7 +361,7 @@ fn forgetting_a_worker_drops_its_entries_and_queued_blocks_and_resets_its_load()
 #[test]
 fn picks_reading_while_reports_write_see_whole_changes_and_end_at_zero() {
     // Writers open, first-token and finish while readers take views: the
-    // loads and the queued blocks never go negative (saturated
+    // loads and the held blocks never go negative (saturated
     // u32/u64 would show as huge), and once every writer is done both read
     // zero with no entry left.
     let l = std::sync::Arc::new(ledger(4));
@@ -399,15 +390,14 @@ fn picks_reading_while_reports_write_see_whole_changes_and_end_at_zero() {
             let l = l.clone();
             std::thread::spawn(move || {
                 for i in 0..2_000u64 {
-                    let (loads, leading) = l.view(&keys(i % 7..i % 7 + 3));
+                    let (loads, held) = l.view(&keys(i % 7..i % 7 + 3));
                     assert_eq!(loads.len(), 4);
                     for w in loads.iter() {
                         assert!(w.in_flight <= 4, "{w:?}");
                         assert!(w.unprefilled_tokens <= 4 * 64, "{w:?}");
                         assert!(w.decoding <= 4, "{w:?}");
                     }
-                    let runs = leading.queued.iter().chain(&leading.held);
-                    assert!(runs.into_iter().all(|&n| n <= 3), "{leading:?}");
+                    assert!(held.iter().all(|&n| n <= 3), "{held:?}");
                 }
             })
         })
@@ -416,12 +406,6 @@ fn picks_reading_while_reports_write_see_whole_changes_and_end_at_zero() {
         h.join().expect("no panic");
     }
     assert!(idle(&l));
-    assert_eq!(
-        l.view(&keys(0..10)).1,
-        Leading {
-            queued: vec![0; 4],
-            held: vec![0; 4]
-        }
-    );
+    assert_eq!(l.view(&keys(0..10)).1, vec![0; 4]);
     assert!(l.snapshot().iter().all(|w| w.calibrated));
 }

@@ -1,5 +1,5 @@
 //! Commit: a pick's ledger entry (in flight on its worker, its prompt
-//! queued there until the first token and held until the end), its blocks
+//! held there until its end), its blocks
 //! in the route memories, and its metrics.
 //!
 //! Everything is recorded before the answer leaves, on the unary call and
@@ -57,7 +57,7 @@ pub enum Committed {
 
 impl Picker {
     /// Records a pick: its ledger entry (in flight on its worker, its
-    /// prompt queued there until the first token, held until the end), its routes and its
+    /// prompt held there until its end), its routes and its
     /// metrics. A pick whose terminal report came first records nothing.
     /// The gRPC handler calls this last, once its caller is known to be
     /// still there ([`Mode::Deferred`]).

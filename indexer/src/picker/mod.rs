@@ -656,7 +656,7 @@ workers:
     }
 
     #[tokio::test]
-    async fn a_prompt_follows_its_queued_twin_until_the_first_token() {
+    async fn a_prompt_follows_its_twin_in_flight_until_the_twin_ends() {
         let p = tokenizing_picker(Index::memory(1 << 10), &mut Registry::default());
         let first = p.pick(input("r1", "m"), Mode::Commit).await;
         assert!(!first.decision.degraded, "{:?}", first.decision);
@@ -664,13 +664,18 @@ workers:
         // r1 needs one token of prefill there.
         let twin = p.pick(input("r2", "m"), Mode::Commit).await;
         assert_eq!(twin.decision.worker, first.decision.worker);
-        // Once both have their first token (and the index shows nothing,
-        // as here), the twin's prefix is no longer counted: load steers.
+        // Running (first tokens in), they keep the prefix referenced there.
         for id in ["r1", "r2"] {
             p.report(&Report::first_token(id, 5.0, true), Instant::now());
         }
         let third = p.pick(input("r3", "m"), Mode::Commit).await;
-        assert_ne!(third.decision.worker, first.decision.worker);
+        assert_eq!(third.decision.worker, first.decision.worker);
+        assert_eq!(p.ledger().stats().held_blocks, 12);
+        // Ended, they hold nothing.
+        for id in ["r1", "r2", "r3"] {
+            p.report(&Report::done(id, 9.0), Instant::now());
+        }
+        assert_eq!(p.ledger().stats().held_blocks, 0);
     }
 
     #[tokio::test]
@@ -859,9 +864,9 @@ workers:
         assert_eq!(a.keys.len(), 4);
         assert_eq!(a.found, vec![None, None]);
         assert_eq!(a.prompt, scoring::PromptTokens::seen(64));
-        // The queued twin shows on one worker only.
-        let queued: Vec<u32> = a.views.iter().map(|v| v.queued_hit_tokens).collect();
-        assert!(queued.contains(&64) && queued.contains(&0), "{queued:?}");
+        // The twin in flight shows on one worker only.
+        let held: Vec<u32> = a.views.iter().map(|v| v.held_hit_tokens).collect();
+        assert!(held.contains(&64) && held.contains(&0), "{held:?}");
         assert_eq!(p.ledger().len(), 1);
         assert!(p.view("x", &[7; 64], None, now).await.is_none());
     }

@@ -73,8 +73,8 @@ impl Picker {
                 Err(e) => index_error = Some(e.to_string()),
             }
         }
-        let (loads, leading) = self.ledger.view(&keys);
-        let routes = self.routes.lookup(&keys, now, leading);
+        let (loads, held) = self.ledger.view(&keys);
+        let routes = self.routes.lookup(&keys, now, held);
         let (found, views) = workers
             .iter()
             .map(|w| {
@@ -130,7 +130,6 @@ fn worker_view(
         decoding: load.decoding,
         scraped,
         prefill_rate: load.prefill_rate,
-        queued_hit_tokens: routes.queued_blocks.saturating_mul(block_size),
         held_hit_tokens: routes.held_blocks.saturating_mul(block_size),
         routed_prompt_tokens: routes.routed.prompt_blocks.saturating_mul(block_size),
         routed_other_tokens: routes

@@ -3,12 +3,12 @@
 //!
 //! ```text
 //! queued   = max(unprefilled tokens we sent, scraped waiting × waiting_request_tokens)
-//! gpu_hits = max(GPU-cached prefix, prefix of a request queued there)
+//! gpu_hits = max(GPU-cached prefix, prefix of a request in flight there)
 //! uncached = max(prompt − gpu_hits − cpu_hits × cpu_hit_weight, 1)
 //! slots    = (waiting + 1) × slot_time / running   (when waiting > 0 and running ≥ max_num_seqs,
 //!                                                  or kv_usage ≥ kv_full_threshold and the
 //!                                                  cache size is unknown)
-//! idle     = gpu_hits − leading tokens a request in flight there holds   (≥ 0)
+//! idle     = GPU-cached prefix − prefix of a request in flight there   (≥ 0)
 //! blocks   = (queued + uncached + idle − free KV tokens) × slot_time / used KV tokens   (when > 0)
 //! ttft_ms  = max(1000 × queued / rate, 1000 × slots, 1000 × blocks)   (wait for the work ahead)
 //!          + running × decode_ms_per_running (decode steps sharing the batches)
@@ -23,10 +23,12 @@
 //!            (overload_holds, the default; off: 1 − lasted(holder))
 //! lasted   = min(1, queue age / lasting_queue_s)   (1 when the age is unknown)
 //! ```
-//! A request queued on the worker (picked, no first token yet) prefills
-//! before this one, so the prefix they share counts as cached there: the
-//! index shows only what is cached now, and past saturation a group whose
-//! prefix is still queued would otherwise look cold everywhere and scatter.
+//! A request in flight on the worker (picked, not ended) holds its prefix
+//! there: one with no first token yet prefills it before this one, one
+//! running keeps it referenced. So the prefix they share counts as cached
+//! there: the index shows only what is cached now, and past saturation a
+//! group whose prefix is still queued would otherwise look cold everywhere
+//! and scatter.
 //! The queue term takes the larger of our count and the engine's because the
 //! engine's waiting queue contains our requests too (summing would count them
 //! twice) but also sees traffic from other routers, and the scrape lags.
@@ -206,7 +208,7 @@ pub fn predict(cfg: &ScoringConfig, prompt_tokens: u32, w: &WorkerView) -> Predi
 /// The prompt's leading tokens in the worker's GPU cache by the time its
 /// prefill starts: cached now, or prefilled before by a request queued there.
 fn gpu_held(prompt_tokens: u32, w: &WorkerView) -> u32 {
-    w.gpu_hit_tokens.max(w.queued_hit_tokens).min(prompt_tokens)
+    w.gpu_hit_tokens.max(w.held_hit_tokens).min(prompt_tokens)
 }
 
 /// The working set a placement pushes out of the cache: the worker must
@@ -591,7 +593,7 @@ mod tests {
         let queue = u64::from(PROMPT);
         let mut queued = cold();
         queued.unprefilled_tokens = queue;
-        queued.queued_hit_tokens = MATCHED;
+        queued.held_hit_tokens = MATCHED;
         let p = predict(&cfg(), PROMPT, &queued);
         assert_eq!(p.uncached_tokens, f64::from(PROMPT - MATCHED));
         assert_eq!(p.queue_ms, 1000.0 * queue as f64 / RATE);
@@ -606,7 +608,7 @@ mod tests {
         let mut both = cold();
         both.gpu_hit_tokens = 1_024;
         both.cpu_hit_tokens = 4_096;
-        both.queued_hit_tokens = 2_048;
+        both.held_hit_tokens = 2_048;
         let p = predict(&cfg(), PROMPT, &both);
         let cpu = f64::from(1_024 + 4_096 - 2_048) * cfg().cpu_hit_weight;
         assert_eq!(p.uncached_tokens, f64::from(PROMPT - 2_048) - cpu);
@@ -804,7 +806,7 @@ mod tests {
         assert_eq!(choice_with(&recompute, &[busy, cold()]), 1);
         // A request queued there holds it too.
         let mut queued = busy;
-        queued.queued_hit_tokens = MATCHED;
+        queued.held_hit_tokens = MATCHED;
         queued.unprefilled_tokens = 7_000;
         assert_eq!(choice(&[queued, cold()]), 1);
         assert_eq!(choice_with(&recompute, &[queued, cold()]), 0);

@@ -21,13 +21,11 @@ pub struct WorkerView {
     pub gpu_hit_tokens: u32,
     /// Further prompt tokens held in CPU memory (offloaded blocks).
     pub cpu_hit_tokens: u32,
-    /// Leading prompt tokens of a request picked for it that has no first
-    /// token yet (the ledger's queued prompts): cached by the time this one's
-    /// prefill starts, which is after that one's.
-    pub queued_hit_tokens: u32,
     /// Leading prompt tokens of a request picked for it that has not ended
-    /// (queued or decoding): blocks the engine keeps referenced, so they
-    /// already count in its used KV cache.
+    /// (the ledger's prompts in flight): cached by the time this one's
+    /// prefill starts (one with no first token yet prefills them first), and
+    /// referenced by the engine while that one runs, so they count in its
+    /// used KV cache.
     pub held_hit_tokens: u32,
     /// Requests picked for it and not yet done.
     pub in_flight: u32,
