@@ -274,6 +274,7 @@ async fn workers(State(s): State<AdminState>) -> Json<Value> {
             "entries": ledger.entries,
             "tombstones": ledger.tombstones,
             "held_blocks": ledger.held_blocks,
+            "held_dropped": ledger.held_dropped,
             "expired": ledger.expired,
             "late_picks": ledger.late_picks,
             "tombstones_evicted": ledger.tombstones_evicted,

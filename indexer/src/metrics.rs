@@ -118,6 +118,10 @@ pub struct Metrics {
     pub reports_after_end: Family<KindLabels, Counter>,
     pub ledger_entries: Gauge,
     pub ledger_tombstones: Gauge,
+    /// Prompt blocks the ledger counts as held by requests in flight.
+    pub ledger_held_blocks: Gauge,
+    /// Prompts whose blocks stopped counting as held before their end.
+    pub ledger_held_dropped: Counter,
     /// How far back the route window reaches (seconds; 0: nothing in it).
     pub route_window_seconds: Gauge<f64, AtomicU64>,
     /// Tombstones dropped by their capacity bound before their TTL.
@@ -195,6 +199,8 @@ impl Metrics {
             reports_after_end: Family::default(),
             ledger_entries: Gauge::default(),
             ledger_tombstones: Gauge::default(),
+            ledger_held_blocks: Gauge::default(),
+            ledger_held_dropped: Counter::default(),
             route_window_seconds: Gauge::default(),
             tombstones_evicted: Counter::default(),
             model_defaulted: Counter::default(),
@@ -375,6 +381,16 @@ impl Metrics {
             "ledger_tombstones",
             "Terminal reports kept for picks that have not committed yet",
             m.ledger_tombstones.clone(),
+        );
+        r.register(
+            "ledger_held_blocks",
+            "Prompt blocks held by requests in flight, as the ledger counts them (bounded; per block and request)",
+            m.ledger_held_blocks.clone(),
+        );
+        r.register(
+            "ledger_held_dropped",
+            "Prompts whose blocks stopped counting as held before their end (the ledger's bound on held blocks)",
+            m.ledger_held_dropped.clone(),
         );
         r.register(
             "ledger_tombstones_evicted",

@@ -8,9 +8,9 @@
 //! both windows and a commit records each once (with two separate memories
 //! a warm 1k-token pick of token ids took 15 µs, 7 µs of it without any;
 //! see `indexer/README.md`, "Pick latency under concurrency"). Neither
-//! window is per request: the prompts
-//! picked and not yet prefilled are the request ledger's
-//! ([`crate::ledger`]), which fills [`RouteView::held`].
+//! window is per request: the prompts in flight (picked, not ended) are
+//! the request ledger's ([`crate::ledger`]), which fills
+//! [`RouteView::held`].
 //!
 //! One mutex guards the record, held for a lookup or an insert (a few
 //! microseconds), never across an await. Every pick both reads and writes

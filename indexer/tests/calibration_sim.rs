@@ -308,6 +308,9 @@ workers:
     assert_eq!(hits(false), 0);
     assert!(hits(true) >= WORKERS, "{} repeats hit a cache", hits(true));
     let (_, v) = admin.call_json("GET", "/debug/workers", None).await;
+    // Every request reported its end: nothing is left in flight or held.
+    assert_eq!(v["ledger"]["entries"], 0, "{}", v["ledger"]);
+    assert_eq!(v["ledger"]["held_blocks"], 0, "{}", v["ledger"]);
     let rates: Vec<f64> = v["workers"]
         .as_array()
         .unwrap()

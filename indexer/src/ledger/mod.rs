@@ -6,10 +6,9 @@
 //! prediction (in-flight load, calibration), when it was picked and got
 //! its first token, the tenant and policy (metric labels) and the prompt's
 //! blocks (held there until the end: see [`blocks`]). The per-worker
-//! aggregates
-//! (`in_flight`, `unprefilled_tokens`, `decoding`) and the block counts
-//! change only with an entry, under the ledger's lock, so they return to
-//! zero exactly when every request has ended.
+//! aggregates (`in_flight`, `unprefilled_tokens`, `decoding`) and the block
+//! counts change only with an entry, under the ledger's lock, so they
+//! return to zero exactly when every request has ended.
 //!
 //! The pick's read side takes no lock of the ledger's entries: each
 //! worker's load and rate (calibration) live in atomics ([`Shared`]),
@@ -123,6 +122,9 @@ pub struct LedgerStats {
     pub late_picks: u64,
     /// Tombstones dropped by the capacity bound before their TTL.
     pub tombstones_evicted: u64,
+    /// Prompts whose blocks stopped counting as held before their end
+    /// (the held-blocks bound).
+    pub held_dropped: u64,
 }
 
 pub struct Ledger {
@@ -165,6 +167,7 @@ struct Inner {
     ended: Tombstones,
     expired: u64,
     late_picks: u64,
+    held_dropped: u64,
 }
 
 /// An entry and its prompt's blocks, held until its end (empty when not
@@ -289,13 +292,15 @@ impl Ledger {
                 ended: Tombstones::new(tombstone_ttl, tombstone_capacity),
                 expired: 0,
                 late_picks: 0,
+                held_dropped: 0,
             }),
         }
     }
 
     /// Records a committed pick and, when `blocks` is not empty, its prompt
-    /// as held on its worker until the end. An id with an entry is replaced; an id with a tombstone is
-    /// not recorded (and the tombstone is used up).
+    /// as held on its worker until the end. An id with an entry is
+    /// replaced; an id with a tombstone is not recorded (and the tombstone
+    /// is used up).
     pub fn open(&self, id: &str, entry: Entry, blocks: Vec<BlockKey>) -> Opened {
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
@@ -496,6 +501,7 @@ impl Ledger {
             expired: inner.expired,
             late_picks: inner.late_picks,
             tombstones_evicted: inner.tombstones.evicted,
+            held_dropped: inner.held_dropped,
         }
     }
 }
@@ -530,9 +536,20 @@ impl Inner {
     }
 
     /// Beyond `capacity` held blocks, the oldest prompts stop counting as
-    /// held (their entries stay).
+    /// held (their entries stay). The order's stale items (prompts ended
+    /// or replaced since) are dropped when they outnumber the live ones, so
+    /// the order stays within twice the prompts held.
     fn bound_blocks(&mut self, capacity: usize, blocks: &PromptBlocks) {
-        while blocks.held() > capacity || self.held_order.len() > 2 * capacity.max(1) {
+        self.trim_held_order();
+        if self.held_order.len() > 2 * self.entries.len().max(1) {
+            let (entries, order) = (&self.entries, &mut self.held_order);
+            order.retain(|(at, id)| {
+                entries
+                    .get(id)
+                    .is_some_and(|r| r.entry.picked_at == *at && !r.blocks.is_empty())
+            });
+        }
+        while blocks.held() > capacity {
             let Some((at, id)) = self.held_order.pop_front() else {
                 break;
             };
@@ -541,6 +558,7 @@ impl Inner {
             {
                 let keys = std::mem::take(&mut rec.blocks);
                 blocks.remove(rec.entry.worker, &keys);
+                self.held_dropped += 1;
             }
         }
     }

@@ -304,6 +304,36 @@ fn a_prompt_is_held_from_its_pick_to_its_end() {
     assert_eq!(held(&l), vec![5, 5]);
     assert_eq!(l.expire(t0 + 2 * TTL).entries, 2);
     assert!(idle(&l));
+    assert!(l.inner.lock().held_order.is_empty());
+    // A first token for an expired entry holds nothing again.
+    assert!(l.first_token("c", t0 + 2 * TTL).is_none());
+    assert_eq!(held(&l), vec![0, 0]);
+}
+
+/// Requests that end out of order leave stale items behind a long one at
+/// the front of the bound's order: they are dropped once they outnumber
+/// the live ones, so the order stays within twice the requests in flight.
+#[test]
+fn the_held_order_stays_within_twice_the_requests_in_flight() {
+    let l = ledger(1);
+    let t0 = Instant::now();
+    l.open("long", entry(0, 4.0, t0), keys(0..2));
+    for i in 0..100u64 {
+        let id = format!("short-{i}");
+        l.open(&id, entry(0, 4.0, t0), keys(10 + 2 * i..12 + 2 * i));
+        l.finish(&id, t0);
+        // At most twice the entries at the last pick, one more than now.
+        let order = l.inner.lock().held_order.len();
+        assert!(
+            order <= 2 * (l.len() + 1),
+            "{order} items, {} entries",
+            l.len()
+        );
+    }
+    assert_eq!(l.view(&keys(0..2)).1, vec![2], "the long one still held");
+    assert_eq!(l.stats().held_dropped, 0);
+    l.finish("long", t0);
+    assert!(idle(&l));
 }
 
 #[test]
@@ -319,9 +349,13 @@ fn held_prompts_are_bounded_and_their_load_stays() {
     assert_eq!(load(&l, 0), (3, 12, 0), "all three still in flight");
     // Prefilled prompts count in the bound until their end.
     l.first_token("b", t0);
+    assert_eq!(l.view(&keys(10..14)).1, vec![4], "b runs, still held");
+    assert_eq!(l.stats().held_blocks, 8);
     l.open("d", entry(0, 4.0, t0), keys(30..34));
     assert_eq!(l.view(&keys(10..14)).1, vec![0], "b was the oldest");
+    assert_eq!(l.view(&keys(20..24)).1, vec![4]);
     assert_eq!(l.view(&keys(30..34)).1, vec![4]);
+    assert_eq!(l.stats().held_dropped, 2, "a, then b");
     l.finish("d", t0);
     for id in ["a", "b", "c"] {
         l.first_token(id, t0);

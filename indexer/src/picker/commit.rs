@@ -1,6 +1,6 @@
 //! Commit: a pick's ledger entry (in flight on its worker, its prompt
-//! held there until its end), its blocks
-//! in the route memories, and its metrics.
+//! held there until its end), its blocks in the route memories, and its
+//! metrics.
 //!
 //! Everything is recorded before the answer leaves, on the unary call and
 //! the stream alike: a pick that comes after an answer sees all of it, and

@@ -218,7 +218,7 @@ impl Picker {
             workers.capacity(),
             cfg.scoring.prefill_rate_prior,
             Duration::from_secs(cfg.scoring.in_flight_ttl_s),
-            ROUTE_ENTRIES,
+            HELD_BLOCKS,
         );
         Self {
             encoder,
@@ -540,6 +540,14 @@ impl Picker {
 
 /// `(block, worker)` entries each route memory keeps at most (~20 MB).
 pub const ROUTE_ENTRIES: usize = 1 << 18;
+
+/// Prompt blocks the ledger counts as held at most, summed over the
+/// requests in flight (a shared prefix counts once per request): 2^20 is
+/// 16M prompt tokens of 16-token blocks, more than 8 workers × 256 running
+/// sequences × 4k-token prompts; past it the oldest requests stop counting
+/// (`kvsteer_ledger_held_dropped_total`). About 8 bytes per block in the
+/// requests' records plus ~60 per distinct block and worker.
+pub const HELD_BLOCKS: usize = 1 << 20;
 
 fn empty(policy: &'static str, reason: String) -> Outcome {
     Outcome {

@@ -180,6 +180,13 @@ impl Picker {
             .tombstones_evicted
             .saturating_sub(self.metrics.tombstones_evicted.get());
         self.metrics.tombstones_evicted.inc_by(evicted);
+        self.metrics
+            .ledger_held_blocks
+            .set(stats.held_blocks as i64);
+        let dropped = stats
+            .held_dropped
+            .saturating_sub(self.metrics.ledger_held_dropped.get());
+        self.metrics.ledger_held_dropped.inc_by(dropped);
         let loads = self.ledger.snapshot();
         for w in self.workers.iter() {
             let in_flight = loads.get(w.slot).map_or(0, |l| l.in_flight);

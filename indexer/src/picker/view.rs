@@ -1,7 +1,7 @@
 //! What a pick sees of the workers of its model, for one prompt: the
 //! prompt's block keys, where the index finds its blocks cached, and one
-//! [`WorkerView`] per worker (health, the ledger's load and queued
-//! prompts, the last scrape, the route memories). Scoring
+//! [`WorkerView`] per worker (health, the ledger's load and prompts in
+//! flight, the last scrape, the route memories). Scoring
 //! ([`crate::scoring`]) orders the workers from these views alone.
 
 use super::{Model, Picker};

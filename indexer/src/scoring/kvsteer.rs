@@ -206,7 +206,8 @@ pub fn predict(cfg: &ScoringConfig, prompt_tokens: u32, w: &WorkerView) -> Predi
 }
 
 /// The prompt's leading tokens in the worker's GPU cache by the time its
-/// prefill starts: cached now, or prefilled before by a request queued there.
+/// prefill starts: cached now, or held by a request in flight there
+/// (prefilled first if still queued, referenced while it runs).
 fn gpu_held(prompt_tokens: u32, w: &WorkerView) -> u32 {
     w.gpu_hit_tokens.max(w.held_hit_tokens).min(prompt_tokens)
 }
