@@ -1,16 +1,11 @@
 """Per workload: geometric mean of variant/base for kvsteer p50/p90/p99, mean hit change,
 and misses against sglang_like (p50 or p90 > +5 %, hits < -2 points; heavy lead < 1.3x
 where sglang_like's p90 >= 2x its lightest-rate p90). usage: summary.py BASE VAR [VAR...]  (names of sweep.sh runs)"""
-import glob, json, math, os, sys
+import math, os, sys
 from collections import defaultdict
-root = os.path.join(os.environ.get("TMPDIR", "/tmp"), "kv-need")
-def load(name):
-    out = {}
-    for f in sorted(glob.glob(os.path.join(root, name, "*.json"))):
-        key = os.path.basename(f)[:-5]
-        for r in json.load(open(f))["runs"]:
-            out[(key, r["rate_per_min"], r["policy"])] = r
-    return out
+# The runs' reader is the night's comparison script's (../kv-need-2026-12-06/cmp.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kv-need-2026-12-06"))
+from cmp import load  # noqa: E402
 def misses(d, key, rate):
     k, s = d[(key, rate, "kvsteer")], d[(key, rate, "sglang_like")]
     light = min(r for (kk, r, p) in d if kk == key)

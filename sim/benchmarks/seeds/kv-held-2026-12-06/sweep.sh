@@ -8,7 +8,7 @@
 # (held with the holder's discount on the token queue only: in scoring/kvsteer.rs rank,
 # `keep * r.prediction.queue_ms` ->
 # `keep * (r.prediction.queued_tokens * r.prediction.ms_per_token()).min(r.prediction.queue_ms)`).
-# Compare: python3 summary.py base held tok; python3 cmp.py base held.
+# Compare: python3 summary.py base held tok; python3 ../kv-need-2026-12-06/cmp.py base held.
 set -euo pipefail
 B=$1; O=${TMPDIR:-/tmp}/kv-need/$2; mkdir -p "$O"
 P=(--policies kvsteer,sglang_like --profile l40s-27b-fp8 --quiet)
