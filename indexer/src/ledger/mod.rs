@@ -530,9 +530,7 @@ impl Inner {
     /// Whether a `held_order` item still stands for a prompt's counted
     /// blocks.
     fn counted_at(&self, at: Instant, id: &str) -> bool {
-        self.entries
-            .get(id)
-            .is_some_and(|r| r.entry.picked_at == at && !r.blocks.is_empty())
+        counted(&self.entries, at, id)
     }
 
     /// Beyond `capacity` held blocks, the oldest prompts stop counting as
@@ -540,14 +538,9 @@ impl Inner {
     /// or replaced since) are dropped when they outnumber the live ones, so
     /// the order stays within twice the prompts held.
     fn bound_blocks(&mut self, capacity: usize, blocks: &PromptBlocks) {
-        self.trim_held_order();
         if self.held_order.len() > 2 * self.entries.len().max(1) {
-            let (entries, order) = (&self.entries, &mut self.held_order);
-            order.retain(|(at, id)| {
-                entries
-                    .get(id)
-                    .is_some_and(|r| r.entry.picked_at == *at && !r.blocks.is_empty())
-            });
+            let entries = &self.entries;
+            self.held_order.retain(|(at, id)| counted(entries, *at, id));
         }
         while blocks.held() > capacity {
             let Some((at, id)) = self.held_order.pop_front() else {
@@ -572,4 +565,11 @@ impl Inner {
             self.held_order.pop_front();
         }
     }
+}
+
+/// Whether `id`'s entry is the pick made `at` and its blocks still count.
+fn counted(entries: &HashMap<String, Record>, at: Instant, id: &str) -> bool {
+    entries
+        .get(id)
+        .is_some_and(|r| r.entry.picked_at == at && !r.blocks.is_empty())
 }

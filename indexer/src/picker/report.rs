@@ -19,6 +19,7 @@ use crate::{
     picker::Picker,
     scoring::calibrate,
 };
+use prometheus_client::metrics::counter::Counter;
 use std::time::Instant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,17 +177,11 @@ impl Picker {
         let stats = self.ledger.stats();
         self.metrics.ledger_entries.set(stats.entries as i64);
         self.metrics.ledger_tombstones.set(stats.tombstones as i64);
-        let evicted = stats
-            .tombstones_evicted
-            .saturating_sub(self.metrics.tombstones_evicted.get());
-        self.metrics.tombstones_evicted.inc_by(evicted);
+        catch_up(&self.metrics.tombstones_evicted, stats.tombstones_evicted);
         self.metrics
             .ledger_held_blocks
             .set(stats.held_blocks as i64);
-        let dropped = stats
-            .held_dropped
-            .saturating_sub(self.metrics.ledger_held_dropped.get());
-        self.metrics.ledger_held_dropped.inc_by(dropped);
+        catch_up(&self.metrics.ledger_held_dropped, stats.held_dropped);
         let loads = self.ledger.snapshot();
         for w in self.workers.iter() {
             let in_flight = loads.get(w.slot).map_or(0, |l| l.in_flight);
@@ -251,4 +246,9 @@ impl Picker {
             }
         }
     }
+}
+
+/// Moves `counter` up to `total`, a count the ledger keeps itself.
+fn catch_up(counter: &Counter, total: u64) {
+    counter.inc_by(total.saturating_sub(counter.get()));
 }
