@@ -527,12 +527,6 @@ impl Inner {
         Some(rec.entry)
     }
 
-    /// Whether a `held_order` item still stands for a prompt's counted
-    /// blocks.
-    fn counted_at(&self, at: Instant, id: &str) -> bool {
-        counted(&self.entries, at, id)
-    }
-
     /// Beyond `capacity` held blocks, the oldest prompts stop counting as
     /// held (their entries stay). The order's stale items (prompts ended
     /// or replaced since) are dropped when they outnumber the live ones, so
@@ -546,7 +540,7 @@ impl Inner {
             let Some((at, id)) = self.held_order.pop_front() else {
                 break;
             };
-            if self.counted_at(at, &id)
+            if counted(&self.entries, at, &id)
                 && let Some(rec) = self.entries.get_mut(&id)
             {
                 let keys = std::mem::take(&mut rec.blocks);
@@ -559,7 +553,7 @@ impl Inner {
     /// Drops the stale items at the front of `held_order`.
     fn trim_held_order(&mut self) {
         while let Some((at, id)) = self.held_order.front() {
-            if self.counted_at(*at, id) {
+            if counted(&self.entries, *at, id) {
                 break;
             }
             self.held_order.pop_front();
@@ -567,7 +561,8 @@ impl Inner {
     }
 }
 
-/// Whether `id`'s entry is the pick made `at` and its blocks still count.
+/// Whether a `held_order` item (`id` picked `at`) still stands for a
+/// prompt's counted blocks: the entry is that pick and its blocks count.
 fn counted(entries: &HashMap<String, Record>, at: Instant, id: &str) -> bool {
     entries
         .get(id)
