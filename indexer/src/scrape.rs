@@ -352,5 +352,20 @@ vllm:num_requests_running{broken 7
         // The engine restarted (counts went back): lifetime means again.
         h.record(Ok(parse(&page(2.0, 1.0, 0.5), None).unwrap()), now);
         assert_eq!(h.load().unwrap().slot_time_s(), Some(1.5));
+
+        // An indexer that starts beside an engine with a past (100
+        // requests of 2 s, 1 s to the first token) does not take that past
+        // as recent: no slot time until something finishes after it.
+        let h = Health::default();
+        h.record(Ok(parse(&page(200.0, 100.0, 100.0), None).unwrap()), now);
+        assert_eq!(h.load().unwrap().e2e.mean, None);
+        assert_eq!(h.load().unwrap().slot_time_s(), None);
+        h.record(Ok(parse(&page(200.0, 100.0, 100.0), None).unwrap()), now);
+        assert_eq!(h.load().unwrap().slot_time_s(), None);
+        // Then two of 11 s, 1 s to the first token: 10 s per slot, not the
+        // lifetime's (222 − 102) / 102 ≈ 1.2 s.
+        h.record(Ok(parse(&page(222.0, 102.0, 102.0), None).unwrap()), now);
+        assert_eq!(h.load().unwrap().e2e.mean, Some(11.0));
+        assert_eq!(h.load().unwrap().slot_time_s(), Some(10.0));
     }
 }

@@ -89,13 +89,19 @@ pub const MEAN_ALPHA: f64 = 0.3;
 
 impl HistogramMean {
     /// Sets the recent mean after a scrape, from `prev` (the previous
-    /// scrape): what was observed in between moves it by [`MEAN_ALPHA`]. A
-    /// histogram that went back means the engine restarted: its lifetime
-    /// mean starts over.
+    /// scrape): what was observed in between moves it by [`MEAN_ALPHA`].
+    ///
+    /// The first scrape (`prev` is `None`: the indexer just started or
+    /// just met the worker) only sets the baseline: the histogram's
+    /// lifetime holds whatever the engine served before, maybe hours of
+    /// another load, so the mean starts with the first interval that
+    /// observes something. A histogram that went back means the engine
+    /// restarted: everything in it is recent, so its lifetime mean starts
+    /// over.
     pub fn follow(&mut self, prev: Option<&HistogramMean>) {
         let lifetime = (self.count > 0.0).then(|| self.sum / self.count);
         self.mean = match prev {
-            None => lifetime,
+            None => None,
             Some(p) if self.count < p.count || self.sum < p.sum => lifetime,
             Some(p) if self.count == p.count => p.mean,
             Some(p) => {
