@@ -99,10 +99,11 @@ impl HistogramMean {
     /// restarted: everything in it is recent, so its lifetime mean starts
     /// over.
     pub fn follow(&mut self, prev: Option<&HistogramMean>) {
-        let lifetime = (self.count > 0.0).then(|| self.sum / self.count);
         self.mean = match prev {
             None => None,
-            Some(p) if self.count < p.count || self.sum < p.sum => lifetime,
+            Some(p) if self.count < p.count || self.sum < p.sum => {
+                (self.count > 0.0).then(|| self.sum / self.count)
+            }
             Some(p) if self.count == p.count => p.mean,
             Some(p) => {
                 let sample = (self.sum - p.sum) / (self.count - p.count);
