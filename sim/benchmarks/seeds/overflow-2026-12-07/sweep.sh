@@ -5,6 +5,8 @@
 # usage: sweep.sh BENCH_BINARY NAME [SCORING_YAML]   (JSON into ${TMPDIR:-/tmp}/kv-need/NAME/)
 # The variants ran kvsteer-bench built with overflow.diff, `scoring: {overflow_factor: F}` and
 # KV_OF_COND=backlog|half (unset: every queue lasted), KV_OF_FORCE=1 (the overflow worker first).
+# Runs in table.txt: ofF = F, every queue lasted; h3 = F 3, half of it; bF = F, a request waiting
+# everywhere; bfF = the same, the overflow worker first (F 1.5 as 15).
 # Compare: python3 table.py base VARIANT...
 set -euo pipefail
 B=$1; O=${TMPDIR:-/tmp}/kv-need/$2; mkdir -p "$O"
