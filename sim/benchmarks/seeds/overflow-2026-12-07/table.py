@@ -1,15 +1,10 @@
 """kvsteer against sglang_like per point, for sweep.sh runs: p50 / p90 / p99 (s), the heavy
 lead (sglang_like p90 / kvsteer p90; H marks heavy points), throughput (rpm), hits (%), and the
 targets missed. usage: python3 table.py BASE [VARIANT...]"""
-import sys, json, glob, os
-root=os.path.join(os.environ.get("TMPDIR","/tmp"),"kv-need")
-def load(n):
-    out={}
-    for f in sorted(glob.glob(f"{root}/{n}/*.json")):
-        k=os.path.basename(f)[:-5]
-        for r in json.load(open(f))["runs"]:
-            out[(k,r["rate_per_min"],r["policy"])]=r
-    return out
+import os, sys
+# The runs' reader is the 6 Dec comparison script's, as in ../kv-held-2026-12-06/summary.py.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kv-need-2026-12-06"))
+from cmp import load  # noqa: E402
 names=sys.argv[1:]
 ds=[load(n) for n in names]
 base=ds[0]
