@@ -4,8 +4,8 @@
 For every run's records (`--records` of scripts/bench-peers.sh) of the mixed workload at
 150 rpm: the spread of prefill (uncached prompt tokens summed per worker, max - min over
 the mean), how long after the second-to-last worker the last one served its last request,
-the throughput (requests over the last end, per minute) and whether the last worker is
-the one with the most prefill.
+the throughput (requests over the last end, per minute), whether the last worker is
+the one with the most prefill, and the workers of the run's last two agent turns.
 
 usage: late-worker.py RECORD_DIR...
 """
@@ -32,9 +32,12 @@ def main(dirs):
             late_by = ends[-1] - ends[-2]
             throughput = 60 * len(records) / ends[-1]
             most = max(end, key=end.get) == max(prefill, key=prefill.get)
+            agents = sorted((r for r in records if r["tenant"] == "agent"), key=lambda r: r["arrival_s"])
+            last_agents = [r["worker"] for r in agents[-2:]]
             policy = "kvsteer" if "-kvsteer-" in path else "sglang"
             print(f"{policy:8s} spread {spread:5.1f} %  last ends {late_by:5.1f} s after the next"
-                  f"  {throughput:5.1f} rpm  last has the most prefill: {most}  {os.path.normpath(path)}")
+                  f"  {throughput:5.1f} rpm  last has the most prefill: {most!s:5}  last worker"
+                  f" {max(end, key=end.get)}, last two agent turns on {last_agents}  {os.path.normpath(path)}")
 
 
 if __name__ == "__main__":
