@@ -31,13 +31,14 @@ def main(dirs):
             ends = sorted(end.values())
             late_by = ends[-1] - ends[-2]
             throughput = 60 * len(records) / ends[-1]
-            most = max(end, key=end.get) == max(prefill, key=prefill.get)
+            last = max(end, key=end.get)
+            most = last == max(prefill, key=prefill.get)
             agents = sorted((r for r in records if r["tenant"] == "agent"), key=lambda r: r["arrival_s"])
             last_agents = [r["worker"] for r in agents[-2:]]
             policy = "kvsteer" if "-kvsteer-" in path else "sglang"
             print(f"{policy:8s} spread {spread:5.1f} %  last ends {late_by:5.1f} s after the next"
                   f"  {throughput:5.1f} rpm  last has the most prefill: {most!s:5}  last worker"
-                  f" {max(end, key=end.get)}, last two agent turns on {last_agents}  {os.path.normpath(path)}")
+                  f" {last}, last two agent turns on {last_agents}  {os.path.normpath(path)}")
 
 
 if __name__ == "__main__":
