@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 19's workload targets over every recorded run, not one invocation's three.
+"""Issue 19's workload targets over every side-by-side run, not one invocation's three.
 
 Reads the `--records` folders of scripts/bench-peers.sh runs (one JSON line per request)
 and, for each workload, seed and rate, compares kvsteer's runs with SGLang `cache_aware`'s
@@ -8,8 +8,10 @@ prompt tokens) and throughput (requests over the last finish, per minute), and h
 an invocation's median of three met each target against the SGLang median of the same
 invocation. A folder is one invocation; its seed comes from its name (`seedN`).
 
-usage: pooled.py RECORD_DIR...   (each DIR a `records` folder; `-alone` folders, kvsteer
-                                  without SGLang beside it, count in the pooled medians only)
+Only invocations with both routers side by side count; a folder's seed must be in its
+name, so multi-turn folders (no seed in the name) are left out.
+
+usage: pooled.py RECORD_DIR...   (each DIR a `records` folder)
 """
 import glob
 import json
@@ -73,11 +75,12 @@ def main(dirs):
             workload, policy, rate = m.group(1), m.group(2), int(m.group(3))
             by.setdefault((workload, rate), {}).setdefault(policy, []).append(run_figures(path))
         for (workload, rate), pol in by.items():
+            if "kvsteer" not in pol or "sglang_cache_aware" not in pol:
+                continue  # not side by side (a kvsteer-only A/B, say)
             p = points.setdefault((workload, int(seed.group(1)), rate), {"kv": [], "sg": [], "inv": []})
-            p["kv"] += pol.get("kvsteer", [])
-            p["sg"] += pol.get("sglang_cache_aware", [])
-            if "kvsteer" in pol and "sglang_cache_aware" in pol:
-                p["inv"].append((median_of(pol["kvsteer"]), median_of(pol["sglang_cache_aware"]), name))
+            p["kv"] += pol["kvsteer"]
+            p["sg"] += pol["sglang_cache_aware"]
+            p["inv"].append((median_of(pol["kvsteer"]), median_of(pol["sglang_cache_aware"]), name))
     print("workload       seed  rpm  runs kv/sg   p50 kv/sg (s)      p90 kv/sg (s)      hits kv/sg (%)   "
           "tput kv/sg (rpm)   p90 ratio  invocations meeting p50 / p90 / hits / tput")
     for (workload, seed, rate), p in sorted(points.items()):
