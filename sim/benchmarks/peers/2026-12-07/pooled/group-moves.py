@@ -24,8 +24,7 @@ def main(args):
         rate, args = int(args[1]), args[2:]
     if not args:
         sys.exit(__doc__)
-    gaps = {"kvsteer": {"move": Counter(), "stay": Counter(), "stay_cold": Counter()},
-            "sglang": {"move": Counter(), "stay": Counter(), "stay_cold": Counter()}}
+    gaps = {p: {k: Counter() for k in ("move", "stay", "stay_cold")} for p in ("kvsteer", "sglang")}
     for d in args:
         for path in sorted(glob.glob(os.path.join(d, f"mixed-*-{rate}rpm*.jsonl"))):
             policy = "kvsteer" if "-kvsteer-" in path else "sglang"

@@ -61,7 +61,7 @@ def met(kv, sg):
 def main(dirs):
     if not dirs:
         sys.exit(__doc__)
-    points = {}  # (workload, seed, rate) -> {"kv": [...], "sg": [...], "inv": [(kv, sg, dir)]}
+    points = {}  # (workload, seed, rate) -> {"kv": [...], "sg": [...], "inv": [(kv, sg), ...]}
     for d in dirs:
         name = os.path.basename(os.path.dirname(os.path.normpath(d)))
         seed = re.search(r"seed(\d)", name)
@@ -80,14 +80,12 @@ def main(dirs):
             p = points.setdefault((workload, int(seed.group(1)), rate), {"kv": [], "sg": [], "inv": []})
             p["kv"] += pol["kvsteer"]
             p["sg"] += pol["sglang_cache_aware"]
-            p["inv"].append((median_of(pol["kvsteer"]), median_of(pol["sglang_cache_aware"]), name))
+            p["inv"].append((median_of(pol["kvsteer"]), median_of(pol["sglang_cache_aware"])))
     print("workload       seed  rpm  runs kv/sg   p50 kv/sg (s)      p90 kv/sg (s)      hits kv/sg (%)   "
           "tput kv/sg (rpm)   p90 ratio  invocations meeting p50 / p90 / hits / tput")
     for (workload, seed, rate), p in sorted(points.items()):
-        if not p["kv"] or not p["sg"]:
-            continue
         kv, sg = median_of(p["kv"]), median_of(p["sg"])
-        counts = [sum(met(a, b)[t] for a, b, _ in p["inv"]) for t in TARGETS]
+        counts = [sum(met(a, b)[t] for a, b in p["inv"]) for t in TARGETS]
         n = len(p["inv"])
         print(f"{workload:14s} {seed:4d} {rate:4d} {len(p['kv']):5d}/{len(p['sg']):<3d}"
               f"  {kv['p50']:6.2f}/{sg['p50']:<6.2f} {100 * (kv['p50'] / sg['p50'] - 1):+6.1f} %"
