@@ -3,7 +3,8 @@
 "within 5 %" targets against another invocation of the same router, seed and rate.
 
 Reads the same `--records` folders as ../pooled/pooled.py (one folder per invocation, its
-seed in its name) and, for each router and point with at least two invocations, compares
+seed in its name; as there, only invocations with both routers side by side count) and,
+for each router and point with at least two invocations of three runs or more, compares
 every ordered pair of invocations (A against B) with pooled.py's test of a target
 (p50 and p90 at most 5 % above, hits at most 2 points below, throughput at most 5 % below).
 A router whose invocations differ only by the draw meets its own figures in every pair;
@@ -38,7 +39,8 @@ def main(dirs):
             if m:
                 by.setdefault((m.group(2), m.group(1), int(m.group(3))), []).append(run_figures(path))
         for (router, workload, rate), runs in by.items():
-            if len(runs) >= 3:
+            side_by_side = all((r, workload, rate) in by for r in ROUTERS)
+            if side_by_side and len(runs) >= 3:
                 inv.setdefault((router, workload, int(seed.group(1)), rate), []).append(median_of(runs))
     print("router   workload       seed  rpm  invocations  pairs  pairs missing p50 / p90 / hits / tput"
           "   invocation medians p50 (s) | p90 (s) | tput (rpm)")

@@ -1,6 +1,6 @@
 """Per worker, in each recorded run at one rate: requests, groups, TTFT p90 (s), prefix-cache
 hit rate (cached over prompt tokens) and the requests that found their whole prompt cached
-(up to its last partial block: a user asking again). usage: python3 per-worker.py [RATE]
+(all but its last block, which vLLM never caches: a user asking again). usage: python3 per-worker.py [RATE]
 [RECORD_DIR...]   (default 180, and the records/ beside this script)"""
 import glob
 import json
