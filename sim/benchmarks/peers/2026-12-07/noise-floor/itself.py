@@ -12,14 +12,12 @@ the share of pairs that miss is the floor a one-invocation verdict stands on.
 
 usage: itself.py RECORD_DIR...
 """
-import glob
 import itertools
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pooled"))
-from pooled import TARGETS, median_of, met, run_figures  # noqa: E402
+from pooled import TARGETS, invocations, median_of, met  # noqa: E402
 
 ROUTERS = {"kvsteer": "kvsteer", "sglang_cache_aware": "SGLang"}
 
@@ -28,20 +26,10 @@ def main(dirs):
     if not dirs:
         sys.exit(__doc__)
     inv = {}  # (router, workload, seed, rate) -> [medians of one invocation, ...]
-    for d in dirs:
-        name = os.path.basename(os.path.dirname(os.path.normpath(d)))
-        seed = re.search(r"seed(\d)", name)
-        if not seed:
-            continue
-        by = {}
-        for path in sorted(glob.glob(os.path.join(d, "*.jsonl"))):
-            m = re.match(r"(mixed|shared-prefix)-(kvsteer|sglang_cache_aware)-(\d+)rpm", os.path.basename(path))
-            if m:
-                by.setdefault((m.group(2), m.group(1), int(m.group(3))), []).append(run_figures(path))
-        for (router, workload, rate), runs in by.items():
-            side_by_side = all((r, workload, rate) in by for r in ROUTERS)
-            if side_by_side and len(runs) >= 3:
-                inv.setdefault((router, workload, int(seed.group(1)), rate), []).append(median_of(runs))
+    for workload, seed, rate, pol in invocations(dirs):
+        for router, runs in pol.items():
+            if len(runs) >= 3:
+                inv.setdefault((router, workload, seed, rate), []).append(median_of(runs))
     print("router   workload       seed  rpm  invocations  pairs  pairs missing p50 / p90 / hits / tput"
           "   invocation medians p50 (s) | p90 (s) | tput (rpm)")
     for (router, workload, seed, rate), meds in sorted(inv.items()):

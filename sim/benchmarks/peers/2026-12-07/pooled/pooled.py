@@ -58,10 +58,9 @@ def met(kv, sg):
     }
 
 
-def main(dirs):
-    if not dirs:
-        sys.exit(__doc__)
-    points = {}  # (workload, seed, rate) -> {"kv": [...], "sg": [...], "inv": [(kv, sg), ...]}
+def invocations(dirs):
+    """Per side-by-side invocation and point: (workload, seed, rate, {policy: [run figures]}),
+    from `records` folders whose parent folder's name holds the seed (`seedN`)."""
     for d in dirs:
         name = os.path.basename(os.path.dirname(os.path.normpath(d)))
         seed = re.search(r"seed(\d)", name)
@@ -75,12 +74,19 @@ def main(dirs):
             workload, policy, rate = m.group(1), m.group(2), int(m.group(3))
             by.setdefault((workload, rate), {}).setdefault(policy, []).append(run_figures(path))
         for (workload, rate), pol in by.items():
-            if "kvsteer" not in pol or "sglang_cache_aware" not in pol:
-                continue  # not side by side (a kvsteer-only A/B, say)
-            p = points.setdefault((workload, int(seed.group(1)), rate), {"kv": [], "sg": [], "inv": []})
-            p["kv"] += pol["kvsteer"]
-            p["sg"] += pol["sglang_cache_aware"]
-            p["inv"].append((median_of(pol["kvsteer"]), median_of(pol["sglang_cache_aware"])))
+            if "kvsteer" in pol and "sglang_cache_aware" in pol:  # not a kvsteer-only A/B, say
+                yield workload, int(seed.group(1)), rate, pol
+
+
+def main(dirs):
+    if not dirs:
+        sys.exit(__doc__)
+    points = {}  # (workload, seed, rate) -> {"kv": [...], "sg": [...], "inv": [(kv, sg), ...]}
+    for workload, seed, rate, pol in invocations(dirs):
+        p = points.setdefault((workload, seed, rate), {"kv": [], "sg": [], "inv": []})
+        p["kv"] += pol["kvsteer"]
+        p["sg"] += pol["sglang_cache_aware"]
+        p["inv"].append((median_of(pol["kvsteer"]), median_of(pol["sglang_cache_aware"])))
     print("workload       seed  rpm  runs kv/sg   p50 kv/sg (s)      p90 kv/sg (s)      hits kv/sg (%)   "
           "tput kv/sg (rpm)   p90 ratio  invocations meeting p50 / p90 / hits / tput")
     for (workload, seed, rate), p in sorted(points.items()):
