@@ -7,6 +7,9 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pooled"))
+from pooled import quantile  # noqa: E402
+
 BLOCK = 16  # vLLM's block size
 
 rate = sys.argv[1] if len(sys.argv) > 1 else "180"
@@ -17,8 +20,8 @@ for d in dirs:
         cells = []
         for w in sorted({r["worker"] for r in runs if r.get("worker") is not None}):
             mine = [r for r in runs if r.get("worker") == w]
-            ttft = sorted(r["ttft_s"] for r in mine if r.get("ttft_s") is not None)
-            p90 = ttft[max(0, -(-9 * len(ttft) // 10) - 1)] if ttft else float("nan")
+            ttft = [r["ttft_s"] for r in mine if r.get("ttft_s") is not None]
+            p90 = quantile(ttft, 0.9) if ttft else float("nan")
             hits = sum(r["cached_tokens"] for r in mine) / max(1, sum(r["prompt_tokens"] for r in mine))
             groups = len({r["group"] for r in mine})
             whole = sum(1 for r in mine if r["cached_tokens"] >= r["prompt_tokens"] - BLOCK)
